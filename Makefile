@@ -1,0 +1,41 @@
+# Two commands on a fresh machine:  make demo   and   make test
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test venv clean-venv
+
+# Find a Python >= 3.12 that actually runs: plain names first, then pyenv's installs (whose
+# python3.12 shim refuses to run unless PYENV_VERSION names it).
+define FIND_PY
+for c in python3.13 python3.12 python3; do \
+  if command -v $$c >/dev/null 2>&1 && $$c -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then command -v $$c; exit 0; fi; \
+done; \
+for c in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 /usr/local/bin/python3.1[2-9] /usr/bin/python3.1[2-9]; do \
+  if [ -x "$$c" ] && "$$c" -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then echo "$$c"; exit 0; fi; \
+done; exit 1
+endef
+
+$(STAMP): pyproject.toml
+	@set -e; \
+	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
+	  base=$$( $(FIND_PY) ) || { echo "error: no working Python >= 3.12 found (tried python3.13, python3.12, python3, pyenv versions). Install Python 3.12 (megatron-core needs it)." >&2; exit 1; }; \
+	  echo "creating $(VENV) with $$base ($$($$base --version))"; \
+	  rm -rf $(VENV); $$base -m venv $(VENV); \
+	fi; \
+	$(PY) -m pip install --quiet --upgrade pip; \
+	$(PY) -m pip install --quiet -e '.[test]'; \
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/bio-megatron demo
+
+test: $(STAMP)
+	@if [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then bash tests/system_deps.sh; fi
+	$(PY) -m pytest -q tests
+
+clean-venv:
+	rm -rf $(VENV)

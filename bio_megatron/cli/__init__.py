@@ -1,0 +1,63 @@
+"""``bio-megatron`` command line: one sub-command module per concern, each exposing ``register(subparsers)``.
+
+Heavy imports (torch, megatron-core) happen inside the command handlers, so ``--help`` and the
+pure-Python commands (evaluate, data extraction) start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bio_megatron import __version__
+from bio_megatron.utils.errors import BioMegatronError
+from bio_megatron.utils.log import get_logger
+
+# Each module registers its own top-level command(s); order is the order shown in --help.
+_COMMAND_MODULES = (
+    "bio_megatron.cli.pretrain",
+    "bio_megatron.cli.finetune",
+    "bio_megatron.cli.evaluate",
+    "bio_megatron.cli.predict",
+    "bio_megatron.cli.convert",
+    "bio_megatron.cli.data",
+    "bio_megatron.cli.vocab",
+    "bio_megatron.cli.analyse",
+    "bio_megatron.cli.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bio-megatron",
+        description="Model-parallel pretraining, fine-tuning and evaluation of biomedical Megatron BERT.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a command module not written yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        rc = args.func(args)
+    except BioMegatronError as exc:
+        get_logger("cli").error("%s", exc)
+        sys.stderr.flush()
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return int(rc or 0)

@@ -1,0 +1,127 @@
+"""WordPiece vocabularies (BERT ``vocab.txt``) and the tokenizer every part of the project shares.
+
+The tokenizer is backed by Hugging Face ``tokenizers`` (Rust, batch-encoded) and exposes the attributes
+megatron-core's BERT datasets read (``cls``, ``sep``, ``mask``, ``pad``, ``inv_vocab``,
+``special_tokens_dict``), so one object serves corpus tokenization and pretraining.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+from bio_megatron.utils.errors import DataError
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+def read_vocab(path: str | Path) -> list[str]:
+    """Read a WordPiece ``vocab.txt`` (one token per line, id = line number) and check it is usable for BERT."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("vocabulary file not found (expected a WordPiece vocab.txt, one token per line)", str(path))
+    try:
+        tokens = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise DataError(f"not UTF-8 ({exc.reason} at byte {exc.start})", str(path), line) from None
+    if tokens and tokens[-1] == "":
+        tokens.pop()
+    if not tokens:
+        raise DataError("empty vocabulary", str(path))
+    missing = [t for t in SPECIAL_TOKENS if t not in tokens]
+    if missing:
+        raise DataError(
+            f"vocabulary lacks BERT special token(s) {', '.join(missing)}; a WordPiece vocab.txt needs "
+            f"{', '.join(SPECIAL_TOKENS)}", str(path))
+    seen: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        if tok in seen:
+            raise DataError(f"duplicate token {tok!r} (also on line {seen[tok] + 1})", str(path), i + 1)
+        seen[tok] = i
+    return tokens
+
+
+def guess_lowercase(tokens: list[str]) -> bool:
+    """An uncased vocabulary has (almost) no upper-case word pieces."""
+    words = [t for t in tokens if not t.startswith("[") and t.isalpha()]
+    upper = sum(1 for t in words if t.lower() != t)
+    return upper < 0.01 * max(1, len(words))
+
+
+class WordPieceTokenizer:
+    """BERT WordPiece tokenizer over a ``vocab.txt``, with megatron-core's tokenizer attributes."""
+
+    def __init__(self, vocab_file: str | Path, lowercase: bool | None = None):
+        self.vocab_file = str(vocab_file)
+        self.tokens = read_vocab(vocab_file)
+        self.lowercase = guess_lowercase(self.tokens) if lowercase is None else lowercase
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+
+    # --- megatron-core tokenizer interface -------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    @cached_property
+    def inv_vocab(self) -> dict[int, str]:
+        return dict(enumerate(self.tokens))
+
+    @property
+    def cls(self) -> int:
+        return self.vocab["[CLS]"]
+
+    @property
+    def sep(self) -> int:
+        return self.vocab["[SEP]"]
+
+    @property
+    def mask(self) -> int:
+        return self.vocab["[MASK]"]
+
+    @property
+    def pad(self) -> int:
+        return self.vocab["[PAD]"]
+
+    @property
+    def unk(self) -> int:
+        return self.vocab["[UNK]"]
+
+    @property
+    def special_tokens_dict(self) -> dict[str, int]:
+        return {"pad_token": self.pad, "unk_token": self.unk, "cls_token": self.cls,
+                "sep_token": self.sep, "mask_token": self.mask}
+
+    # --- encoding ---------------------------------------------------------------------------------
+    @cached_property
+    def backend(self):
+        """The Rust WordPiece tokenizer (built lazily so that pickling to worker processes is cheap)."""
+        from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+        tok = Tokenizer(models.WordPiece(self.vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=self.lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        return tok
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("backend", None)
+        return state
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens."""
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+
+    def tokens_of(self, text: str) -> list[str]:
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.tokens[int(i)] for i in ids]
+
+    def detokenize(self, ids) -> str:
+        return self.backend.decode(list(map(int, ids)))
