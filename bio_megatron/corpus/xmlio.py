@@ -1,0 +1,151 @@
+"""Reading NCBI XML (plain or gzip) with errors that name the file and line, and a shared progress meter.
+
+NCBI files are large and arrive over flaky links, so every way a file can be broken (truncated gzip,
+malformed XML, a stray non-UTF-8 byte, an empty download) must surface as one clear ``DataError``
+that names the file, never as a bare ``EOFError`` from deep inside ``gzip``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import time
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+from typing import IO, Iterator
+
+from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def open_binary(path: str | Path) -> IO[bytes]:
+    """Open ``path`` for reading bytes, transparently gunzipping by content (not by file name)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("input file not found", str(path))
+    if path.stat().st_size == 0:
+        raise DataError("empty file (0 bytes): an interrupted download?", str(path))
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+
+
+def iter_elements(path: str | Path, tags: set[str]) -> Iterator[ET.Element]:
+    """Stream the top-level elements named in ``tags`` from an XML file, clearing each after use.
+
+    Memory stays flat however large the file is: parsed records are dropped from the tree as soon as
+    the caller has moved on. Any decoding or parse failure becomes a ``DataError`` naming the file and
+    the line where the parser stopped.
+    """
+    fh = open_binary(path)
+    parser = ET.XMLPullParser(events=("start", "end"))
+    depth = 0
+    root: ET.Element | None = None
+    lines_fed = 0
+    try:
+        while True:
+            try:
+                chunk = fh.read(1 << 20)
+            except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+                raise DataError(f"corrupt or truncated gzip stream ({exc}) after about line {lines_fed + 1}",
+                                str(path)) from None
+            if not chunk:
+                parser.close()
+                break
+            lines_fed += chunk.count(b"\n")
+            parser.feed(chunk)
+            for event, elem in parser.read_events():
+                if event == "start":
+                    depth += 1
+                    if root is None:
+                        root = elem
+                    continue
+                depth -= 1
+                if depth == 1 and elem.tag in tags:
+                    yield elem
+                    if root is not None:
+                        root.remove(elem)  # drop the finished record so memory does not grow
+                elif depth == 1 and root is not None:
+                    root.remove(elem)
+    except ET.ParseError as exc:
+        line = exc.position[0] if getattr(exc, "position", None) else None
+        msg = str(exc)
+        if "invalid token" in msg or "encoding" in msg:
+            msg += " (malformed XML or a byte that is not valid UTF-8)"
+        raise DataError(f"XML parse error: {msg}", str(path), line) from None
+    finally:
+        fh.close()
+
+
+def parse_document(path: str | Path) -> ET.Element:
+    """Parse one whole (small) XML document such as a PMC ``.nxml`` article."""
+    with open_binary(path) as fh:
+        try:
+            data = fh.read()
+        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise DataError(f"corrupt or truncated gzip stream ({exc})", str(path)) from None
+    try:
+        # PMC .nxml declare an external DTD we never fetch; expat ignores it without resolving.
+        return ET.fromstring(data)
+    except ET.ParseError as exc:
+        line = exc.position[0] if getattr(exc, "position", None) else None
+        raise DataError(f"XML parse error: {exc} (malformed XML or a byte that is not valid UTF-8)",
+                        str(path), line) from None
+
+
+def text_of(elem: ET.Element | None, skip: frozenset[str] = frozenset()) -> str:
+    """All text inside ``elem`` (tails included), leaving out sub-elements whose tag is in ``skip``."""
+    if elem is None:
+        return ""
+    parts: list[str] = []
+
+    def walk(e: ET.Element) -> None:
+        if e.text:
+            parts.append(e.text)
+        for child in e:
+            if _local(child.tag) not in skip:
+                walk(child)
+            if child.tail:
+                parts.append(child.tail)
+
+    walk(elem)
+    return " ".join("".join(parts).split())
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1] if isinstance(tag, str) else ""
+
+
+class Progress:
+    """Rate-limited progress lines (items/s, tokens/s, ETA) through the project logger."""
+
+    def __init__(self, what: str, total: int | None = None, every_s: float = 10.0):
+        self.what, self.total, self.every_s = what, total, every_s
+        self.start = self.last = time.perf_counter()
+        self.done = 0
+        self.tokens = 0
+
+    def update(self, n: int = 1, tokens: int = 0) -> None:
+        self.done += n
+        self.tokens += tokens
+        now = time.perf_counter()
+        if now - self.last >= self.every_s:
+            self.last = now
+            log.info("%s", self.line())
+
+    def line(self) -> str:
+        el = max(time.perf_counter() - self.start, 1e-9)
+        rate = self.done / el
+        msg = f"{self.what}: {self.done}" + (f"/{self.total}" if self.total else "") + f" ({rate:.1f}/s"
+        if self.tokens:
+            msg += f", {self.tokens / el:,.0f} tokens/s"
+        if self.total and rate > 0:
+            msg += f", ETA {max(self.total - self.done, 0) / rate:.0f}s"
+        return msg + ")"
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
