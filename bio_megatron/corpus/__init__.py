@@ -1,0 +1,1 @@
+"""Corpus pipeline: NCBI downloads -> JSON-lines documents -> megatron-core indexed data (.bin/.idx)."""
