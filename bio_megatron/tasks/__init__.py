@@ -1,0 +1,1 @@
+"""Fine-tuning tasks: data readers/converters (NER, RE, QA) and, beside them, the task models."""
