@@ -191,6 +191,7 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
     stats: dict[str, Any] = {"articles": 0, "documents": 0, "sentences": 0, "skipped_licence": 0,
                              "skipped_no_text": 0, "skipped_bad": 0, "duplicates": 0, "licences": {},
                              "problems": []}
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
     progress = Progress("pmc articles")
     with tempfile.NamedTemporaryFile("w+", encoding="utf-8", dir=Path(output).parent,
                                      prefix=".pmc-", suffix=".jsonl") as tmp:

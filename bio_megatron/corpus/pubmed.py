@@ -135,6 +135,7 @@ def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 
     paths = [Path(p) for p in inputs]
     if not paths:
         raise DataError("no PubMed input files given")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
     progress = Progress("pubmed files", total=len(paths))
     with tempfile.TemporaryDirectory(prefix=".pubmed-shards-", dir=Path(output).parent) as tmp:
         jobs = [(str(p), os.path.join(tmp, f"{i:06d}.jsonl")) for i, p in enumerate(paths)]

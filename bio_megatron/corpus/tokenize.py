@@ -128,8 +128,6 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     ``lowercase=None`` follows the vocabulary (an uncased vocab lower-cases). Bad JSONL lines are
     skipped, counted and listed in the summary; a missing/empty input or a bad vocabulary is fatal.
     """
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
     if not paths:
         raise DataError("no input JSONL files given")
@@ -192,6 +190,8 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
 
     if not results:
         raise DataError("no documents found in the inputs", ", ".join(map(str, paths)))
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
     # Concatenate the shards in order into the final pair, written under temporary names first.
     tmp = Path(f"{prefix}.tmp-{os.getpid()}")
     builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.int32)

@@ -1,0 +1,53 @@
+"""``bio-megatron vocab``: learn a domain WordPiece vocabulary; measure how well a vocabulary fits NER data."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _train(args: argparse.Namespace) -> int:
+    from bio_megatron.vocab.train import train_vocab
+
+    res = train_vocab(args.input, args.output, size=args.size, lowercase=args.uncased,
+                      model_type=args.model_type, max_sentences=args.max_sentences, threads=args.threads)
+    json.dump(res, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from bio_megatron.vocab.stats import vocab_stats
+
+    lowercase = True if args.lowercase else False if args.cased else None
+    res = vocab_stats(args.vocab, args.ner_file, lowercase=lowercase)
+    json.dump(res, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary; Table 3 sub-token statistics")
+    sub = p.add_subparsers(dest="vocab_command", metavar="STEP", required=True)
+
+    t = sub.add_parser("train", help="SentencePiece on JSONL documents -> BERT WordPiece vocab.txt")
+    t.add_argument("--input", nargs="+", required=True, help="JSONL documents (bio-megatron data pubmed/pmc)")
+    t.add_argument("--output", default="vocab.txt")
+    t.add_argument("--size", type=int, default=30000, help="tokens, specials included (paper: 30000, 50000)")
+    case = t.add_mutually_exclusive_group()
+    case.add_argument("--cased", dest="uncased", action="store_false", help="keep case (default)")
+    case.add_argument("--uncased", dest="uncased", action="store_true", help="lower-case and strip accents")
+    t.set_defaults(uncased=False)
+    t.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe")
+    t.add_argument("--max-sentences", type=int, default=5_000_000, help="sentences used for training")
+    t.add_argument("--threads", type=int, default=2)
+    t.set_defaults(func=_train)
+
+    s = sub.add_parser("stats", help="entity words' sub-tokens per word (paper Table 3) and coverage")
+    s.add_argument("--vocab", required=True)
+    s.add_argument("--ner-file", nargs="+", required=True, help="IOB2 token<TAB>tag files, e.g. BC5CDR train.tsv")
+    case = s.add_mutually_exclusive_group()
+    case.add_argument("--lowercase", action="store_true")
+    case.add_argument("--cased", action="store_true")
+    s.set_defaults(func=_stats)
