@@ -87,6 +87,14 @@ class WordPieceTokenizer:
     def unk(self) -> int:
         return self.vocab["[UNK]"]
 
+    @cached_property
+    def unique_identifiers(self) -> dict[str, str | bool]:
+        """Keys megatron-core hashes into its dataset cache names: a changed vocabulary must not reuse them."""
+        import hashlib
+
+        digest = hashlib.sha256("\n".join(self.tokens).encode("utf-8")).hexdigest()[:16]
+        return {"class": type(self).__name__, "vocab_sha256": digest, "lowercase": self.lowercase}
+
     @property
     def special_tokens_dict(self) -> dict[str, int]:
         return {"pad_token": self.pad, "unk_token": self.unk, "cls_token": self.cls,

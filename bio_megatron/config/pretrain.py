@@ -1,0 +1,229 @@
+"""The pretraining config: NeMo's ``trainer`` / ``model`` / ``exp_manager`` blocks as typed dataclasses.
+
+Field names follow NeMo's ``megatron_bert_config.yaml`` so that a NeMo user's overrides carry over.
+Problems are collected and raised together (see ``validate``), quoting the offending values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from bio_megatron.config.loader import from_dict, load_yaml_recipe, parse_overrides, deep_merge
+from bio_megatron.config.sizes import SIZES, ModelShape
+from bio_megatron.utils.errors import ConfigError
+
+
+@dataclass
+class TrainerConfig:
+    devices: int | Literal["auto"] = "auto"
+    """Processes per node; informational (the world comes from torchrun/SLURM), checked when an int."""
+    num_nodes: int = 1
+    precision: Literal["32", "16", "bf16", "16-mixed", "bf16-mixed"] | int = "bf16"
+    """Mixed precision on GPU; CPU runs always compute in fp32."""
+    max_steps: int = 100_000
+    log_every_n_steps: int = 10
+    val_check_interval: int = 1000
+    """Run validation every N optimizer steps (and at the end)."""
+    limit_val_batches: int = 10
+    """Global batches per validation."""
+    gradient_clip_val: float = 1.0
+    seed: int = 1234
+    accelerator: Literal["auto", "gpu", "cpu"] = "auto"
+
+
+@dataclass
+class CheckpointCallbackParams:
+    every_n_train_steps: int = 1000
+    save_last: bool = True
+    """Save at the end of training."""
+
+
+@dataclass
+class ExpManagerConfig:
+    exp_dir: str = "runs"
+    name: str = "bio_megatron"
+    resume_if_exists: bool = True
+    """Resume from ``<exp_dir>/<name>/checkpoints/latest`` when it exists."""
+    resume_from_checkpoint: str | None = None
+    """Resume exactly (model, optimizer, scheduler, RNG, data position) from this checkpoint directory."""
+    create_tensorboard_logger: bool = True
+    checkpoint_callback_params: CheckpointCallbackParams = field(default_factory=CheckpointCallbackParams)
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_file: str = "bert_base_uncased"
+    """A WordPiece vocab.txt path, or a built-in name: bert_base_cased, bert_base_uncased."""
+    do_lower_case: bool | None = None
+    """None: guessed from the vocabulary."""
+
+
+@dataclass
+class DataConfig:
+    data_prefix: list = field(default_factory=list)
+    """Megatron blending list ``[weight, prefix, weight, prefix, ...]`` (or a single prefix)."""
+    splits_string: str = "900,50,50"
+    masked_lm_prob: float = 0.15
+    short_seq_prob: float = 0.1
+    whole_word_masking: bool = True
+    max_ngram: int = 1
+    index_mapping_dir: str | None = None
+    """Where megatron-core caches its sample indices (default: beside the run)."""
+    seed: int | None = None
+    """Masking/shuffling seed (defaults to trainer.seed)."""
+
+
+@dataclass
+class SchedConfig:
+    name: Literal["CosineAnnealing", "cosine", "linear", "constant"] = "CosineAnnealing"
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None
+    min_lr: float = 0.0
+    decay_steps: int | None = None
+    """Steps over which the LR decays after warmup ends (default: max_steps)."""
+
+
+@dataclass
+class OptimConfig:
+    name: Literal["adam", "adamw", "fused_adam"] = "adamw"
+    lr: float = 2e-4
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    sched: SchedConfig = field(default_factory=SchedConfig)
+
+
+@dataclass
+class ModelConfig:
+    size: str = "345m"
+    """A row of the size table (tiny, 345m, 800m, 1.2b); num_layers etc. below override single fields."""
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    ffn_hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    encoder_seq_length: int = 512
+    max_position_embeddings: int = 512
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    micro_batch_size: int = 8
+    global_batch_size: int = 256
+    bert_binary_head: bool = False
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-12
+    init_method_std: float = 0.02
+    make_vocab_size_divisible_by: int = 128
+    num_tokentypes: int = 2
+    transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
+    """auto: Transformer Engine when importable on GPU, else megatron-core's local spec."""
+    attention_backend: Literal["auto", "sdpa", "unfused"] = "auto"
+    """Local spec only: auto = PyTorch SDPA (flash/efficient kernels) on GPU, unfused on CPU."""
+    use_distributed_optimizer: bool = False
+    restore_from_path: str | None = None
+    """Start a new run from this checkpoint's model weights only (continued pretraining)."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def shape(self) -> ModelShape:
+        base = SIZES[self.size]
+        return ModelShape(
+            num_layers=self.num_layers or base.num_layers,
+            hidden_size=self.hidden_size or base.hidden_size,
+            num_attention_heads=self.num_attention_heads or base.num_attention_heads,
+            ffn_hidden_size=self.ffn_hidden_size or (4 * self.hidden_size if self.hidden_size else base.ffn_hidden_size),
+            status=base.status if not any((self.num_layers, self.hidden_size, self.num_attention_heads)) else "custom",
+        )
+
+
+@dataclass
+class PretrainConfig:
+    name: str = "megatron_bert"
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    exp_manager: ExpManagerConfig = field(default_factory=ExpManagerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.exp_manager.exp_dir) / self.exp_manager.name
+
+
+def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
+    """Every problem with the config at once, each quoting its values. ``world_size`` adds layout checks."""
+    m, t = cfg.model, cfg.trainer
+    problems: list[str] = []
+    if m.size not in SIZES:
+        problems.append(f"model.size ({m.size!r}) must be one of {', '.join(SIZES)}")
+        raise ConfigError(problems)
+    s = m.shape()
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    for name, v in (("model.tensor_model_parallel_size", tp), ("model.pipeline_model_parallel_size", pp),
+                    ("model.micro_batch_size", m.micro_batch_size), ("model.global_batch_size", m.global_batch_size),
+                    ("trainer.max_steps", t.max_steps), ("trainer.log_every_n_steps", t.log_every_n_steps),
+                    ("model.encoder_seq_length", m.encoder_seq_length)):
+        if v < 1:
+            problems.append(f"{name} ({v}) must be >= 1")
+    if problems:
+        raise ConfigError(problems)
+    if s.num_layers % pp:
+        problems.append(f"num_layers ({s.num_layers}) must be divisible by pipeline_model_parallel_size ({pp})")
+    if s.num_attention_heads % tp:
+        problems.append(f"num_attention_heads ({s.num_attention_heads}) must be divisible by "
+                        f"tensor_model_parallel_size ({tp})")
+    if s.hidden_size % s.num_attention_heads:
+        problems.append(f"hidden_size ({s.hidden_size}) must be divisible by num_attention_heads "
+                        f"({s.num_attention_heads})")
+    if s.ffn_hidden_size % tp:
+        problems.append(f"ffn_hidden_size ({s.ffn_hidden_size}) must be divisible by tensor_model_parallel_size ({tp})")
+    if m.encoder_seq_length > m.max_position_embeddings:
+        problems.append(f"model.encoder_seq_length ({m.encoder_seq_length}) exceeds max_position_embeddings "
+                        f"({m.max_position_embeddings})")
+    if m.global_batch_size % m.micro_batch_size:
+        problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
+                        f"({m.micro_batch_size})")
+    if not 0.0 < m.data.masked_lm_prob < 1.0:
+        problems.append(f"model.data.masked_lm_prob ({m.data.masked_lm_prob}) must be in (0, 1)")
+    if m.optim.sched.warmup_steps is not None and m.optim.sched.warmup_ratio is not None:
+        problems.append("set only one of model.optim.sched.warmup_steps "
+                        f"({m.optim.sched.warmup_steps}) and warmup_ratio ({m.optim.sched.warmup_ratio})")
+    if len(m.optim.betas) != 2:
+        problems.append(f"model.optim.betas ({m.optim.betas}) must be two numbers")
+    dp_prefix = m.data.data_prefix
+    if len(dp_prefix) > 1 and len(dp_prefix) % 2:
+        problems.append(f"model.data.data_prefix ({dp_prefix}) must be [weight, path, weight, path, ...] "
+                        "or a single path")
+    if world_size is not None:
+        if world_size % (tp * pp):
+            problems.append(f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp} = {tp * pp}) "
+                            f"must divide the world size ({world_size})")
+        else:
+            dp = world_size // (tp * pp)
+            if m.global_batch_size % (m.micro_batch_size * dp):
+                problems.append(f"global_batch_size ({m.global_batch_size}) must be divisible by micro_batch_size "
+                                f"* data-parallel size ({m.micro_batch_size} * {dp})")
+        if isinstance(t.devices, int) and t.devices * t.num_nodes != world_size:
+            problems.append(f"trainer.devices * trainer.num_nodes ({t.devices} * {t.num_nodes}) does not match "
+                            f"the launched world size ({world_size}); set trainer.devices=auto or fix the launch")
+    if problems:
+        raise ConfigError(problems)
+
+
+def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), world_size: int | None = None
+                         ) -> PretrainConfig:
+    """Recipe + overrides -> validated ``PretrainConfig`` (raises ConfigError listing every problem)."""
+    raw = load_yaml_recipe(path) if path else {}
+    raw = deep_merge(raw, parse_overrides(list(overrides)))
+    cfg = from_dict(PretrainConfig, raw)
+    validate(cfg, world_size)
+    return cfg
+
+
+def data_blend(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
+    """``data_prefix`` as megatron-core's blend: (prefixes, weights or None)."""
+    dp = cfg.data_prefix
+    if len(dp) == 1:
+        return [str(dp[0])], None
+    weights = [float(w) for w in dp[0::2]]
+    return [str(p) for p in dp[1::2]], weights

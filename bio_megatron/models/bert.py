@@ -1,0 +1,111 @@
+"""Megatron BERT on megatron-core: TransformerConfig, layer spec choice and the model itself.
+
+Spec choice: Transformer Engine's spec when TE is importable on a GPU (the DGX image), otherwise
+megatron-core's local spec; on GPU the local spec's attention is swapped for ``SDPACoreAttention`` so
+attention never falls back to the unfused path there.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+from megatron.core.models.bert.bert_model import BertModel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.attention import SDPACoreAttention
+from bio_megatron.utils.errors import ConfigError
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # ImportError, or a broken TE build
+        return False
+    return True
+
+
+def precision_dtype(precision: str | int) -> torch.dtype:
+    """The compute dtype for a NeMo-style precision flag; CPU always trains in fp32."""
+    if not torch.cuda.is_available():
+        return torch.float32
+    p = str(precision)
+    if p.startswith("bf16"):
+        return torch.bfloat16
+    if p.startswith("16"):
+        return torch.float16
+    return torch.float32
+
+
+def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    s = m.shape()
+    on_gpu = torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=s.num_layers, hidden_size=s.hidden_size, ffn_hidden_size=s.ffn_hidden_size,
+        num_attention_heads=s.num_attention_heads,
+        tensor_model_parallel_size=m.tensor_model_parallel_size,
+        pipeline_model_parallel_size=m.pipeline_model_parallel_size,
+        hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+        layernorm_epsilon=m.layernorm_epsilon, init_method_std=m.init_method_std,
+        activation_func=F.gelu,  # exact (erf) GELU, as Megatron BERT and HF MegatronBert use
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+        # Weights are initialised by bio_megatron.models.init (identically for every layout).
+        perform_initialization=False, use_cpu_initialization=not on_gpu,
+        bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, gradient_accumulation_fusion=False,
+        apply_query_key_layer_scaling=False, attention_softmax_in_fp32=True,
+    )
+
+
+def layer_spec(m: ModelConfig) -> ModuleSpec:
+    impl = m.transformer_impl
+    on_gpu = torch.cuda.is_available()
+    if impl == "transformer_engine" or (impl == "auto" and on_gpu and have_transformer_engine()):
+        if not have_transformer_engine():
+            raise ConfigError("model.transformer_impl=transformer_engine but Transformer Engine is not importable")
+        from megatron.core.models.bert.bert_layer_specs import get_bert_layer_with_transformer_engine_spec
+
+        return get_bert_layer_with_transformer_engine_spec()
+    backend = m.attention_backend if m.attention_backend != "auto" else ("sdpa" if on_gpu else "unfused")
+    if backend == "unfused":
+        return bert_layer_local_spec
+    spec = copy.deepcopy(bert_layer_local_spec)
+    spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+class BioBertModel(BertModel):
+    """megatron-core BertModel that also accepts ``SDPACoreAttention`` in the local spec."""
+
+    def _sanity_check_attention_and_get_attn_mask_dimension(self) -> str:
+        core = self.transformer_layer_spec.submodules.self_attention.submodules.core_attention
+        if core is SDPACoreAttention:
+            # Key-padding mask [b, 1, 1, s]: no fully-masked rows, and SDPA broadcasts it over queries.
+            return "b11s"
+        return super()._sanity_check_attention_and_get_attn_mask_dimension()
+
+
+def build_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32,
+                pre_process: bool | None = None, post_process: bool | None = None) -> BioBertModel:
+    """This rank's stage of the model (weights NOT initialised: call ``init_weights``)."""
+    cfg = transformer_config(m, dtype)
+    padded = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+    model = BioBertModel(
+        config=cfg, transformer_layer_spec=layer_spec(m), vocab_size=padded,
+        max_sequence_length=m.max_position_embeddings, num_tokentypes=m.num_tokentypes,
+        add_binary_head=m.bert_binary_head, share_embeddings_and_output_weights=True,
+        parallel_output=True,
+        pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
+        post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if dtype != torch.float32:
+        model.to(dtype)
+    return model

@@ -1,0 +1,41 @@
+"""Weight initialisation that is identical whatever the TP/PP layout.
+
+megatron's own ``use_cpu_initialization`` is TP-invariant but not PP-invariant. Here each parameter is
+drawn from its sharded-state-dict entry instead: a generator seeded by (seed, global key) fills the
+parameter's *global* shape, and each rank copies its own slice. That covers TP slicing, PP layer
+offsets and the tied output-embedding copy on the last stage.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+
+def _sharded_tensors(model: torch.nn.Module):
+    for key, sh in model.sharded_state_dict().items():
+        if isinstance(sh, ShardedTensor):
+            yield key, sh
+
+
+def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int) -> torch.Tensor:
+    """Megatron BERT's init: N(0, std) weights, std/sqrt(2L) for residual output projections,
+    zero biases, unit LayerNorm gains."""
+    if "norm" in key:  # input/pre-MLP/final/lm-head LayerNorms (``layer_norm_weight``, ``layernorm.weight``)
+        return torch.ones(shape) if key.endswith("weight") else torch.zeros(shape)
+    if key.endswith("bias"):
+        return torch.zeros(shape)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
+    if "linear_proj.weight" in key or "linear_fc2.weight" in key:
+        std = std / math.sqrt(2.0 * num_layers)
+    return torch.randn(shape, generator=g) * std
+
+
+@torch.no_grad()
+def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int) -> None:
+    for _, sh in _sharded_tensors(model):
+        full = init_value(sh.key, tuple(sh.global_shape), seed, std, num_layers)
+        sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))

@@ -1,0 +1,229 @@
+"""Checkpoints on megatron-core dist-checkpointing (``torch_dist``): save, resume, reshard.
+
+Layout on disk (self-describing, loadable at any TP/PP layout)::
+
+    <run>/checkpoints/iter_0000100/   dist-checkpoint shards + config.yaml, vocab.txt, metadata.json
+    <run>/checkpoints/latest          "100", replaced atomically after the directory is complete
+
+A save goes to ``.iter_XXXXXXX.tmp`` and is renamed when every rank has written, so a crash mid-save
+never leaves a broken ``latest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+
+from bio_megatron.config.loader import to_dict
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import atomic_open, write_json_atomic
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+# fully_sharded_model_space (megatron's default) is broken in 0.19.2; this one reshards across layouts.
+DISTOPT_SHARDING = "fully_reshardable"
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _fast_write_queue() -> None:
+    """dist-checkpointing starts a *spawn* multiprocessing Manager on the first save (3-4 s on CPU, and it
+    re-imports ``__main__``). A fork-context Manager does the same job without re-importing anything."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+
+    if getattr(fa, "_results_queue", None) is None and not torch.cuda.is_available():
+        import multiprocessing as mp
+
+        fa._results_queue = mp.get_context("fork").Manager().Queue()
+
+
+def iteration_dir(root: Path, step: int) -> Path:
+    return root / f"iter_{step:07d}"
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The directory named by ``root/latest``, or None when there is no checkpoint yet."""
+    marker = root / "latest"
+    if not marker.exists():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{marker}: expected an iteration number, found {text!r}")
+    path = iteration_dir(root, int(text))
+    if not (path / "metadata.json").is_file():
+        raise CheckpointError(f"{marker} names {path}, which is missing or incomplete (no metadata.json)")
+    return path
+
+
+def read_metadata(path: str | Path) -> dict:
+    """``metadata.json`` of a checkpoint directory (also accepts a run's ``checkpoints`` folder or run dir)."""
+    path = Path(path)
+    for candidate in (path, path / "checkpoints"):
+        if (candidate / "latest").exists():
+            found = latest_checkpoint(candidate)
+            if found:
+                path = found
+                break
+    meta = path / "metadata.json"
+    if not meta.is_file():
+        raise CheckpointError(f"{path}: not a BioMegatron checkpoint (no metadata.json); expected a directory "
+                              "like <run>/checkpoints/iter_0000100 or a run's checkpoints folder")
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{meta}: unreadable ({exc})") from None
+    data["path"] = str(path)
+    return data
+
+
+def _rng_state() -> dict:
+    from megatron.core import tensor_parallel
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+
+def _set_rng_state(state: dict) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+@dataclass
+class Layout:
+    tp: int
+    pp: int
+    dp: int
+    distributed_optimizer: bool
+
+    @classmethod
+    def current(cls, distributed_optimizer: bool) -> "Layout":
+        from megatron.core import parallel_state as ps
+
+        return cls(ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                   ps.get_data_parallel_world_size(), distributed_optimizer)
+
+
+def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, with_optimizer: bool,
+                   with_rng: bool) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    model_sd = model.sharded_state_dict()
+    state = {"model": model_sd, "iteration": step}
+    if with_optimizer:
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": DISTOPT_SHARDING})
+        state["scheduler"] = scheduler.state_dict()
+    if with_rng:
+        pp, tp = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
+        state["rng_state"] = ShardedObject(
+            "rng_state", _rng_state(), (ps.get_pipeline_model_parallel_world_size(),
+                                        ps.get_tensor_model_parallel_world_size()),
+            (pp, tp), replica_id=ps.get_data_parallel_rank())
+    return state
+
+
+def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, vocab_file: str | Path,
+                    layout: Layout, extra_meta: dict | None = None) -> Path:
+    """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it."""
+    from megatron.core import dist_checkpointing
+
+    _fast_write_queue()
+    final, tmp = iteration_dir(root, step), root / f".iter_{step:07d}.tmp"
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)  # dist_checkpointing.save requires an existing, empty directory
+    _barrier()
+    strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
+    dist_checkpointing.save(_sharded_state(model, optimizer, scheduler, step, False, True, True), str(tmp),
+                            sharded_strategy=strategy)
+    _barrier()
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        shutil.copyfile(vocab_file, tmp / "vocab.txt")
+        meta = {"format": "bio_megatron/1", "iteration": step, "layout": layout.__dict__,
+                "consumed_samples": step * cfg.model.global_batch_size, **(extra_meta or {})}
+        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        with atomic_open(root / "latest") as fh:
+            fh.write(f"{step}\n")
+    _barrier()
+    log.info("saved checkpoint %s", final)
+    return final
+
+
+def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: Layout | None = None,
+                    model_only: bool = False) -> int:
+    """Load a checkpoint into this layout; returns its iteration. Optimizer, scheduler and RNG come back
+    when asked and possible (RNG only at the same TP/PP layout; optimizer only with the same optimizer kind)."""
+    from megatron.core import dist_checkpointing
+
+    meta = read_metadata(path)
+    path = Path(meta["path"])
+    saved = meta.get("layout", {})
+    with_opt = not model_only and optimizer is not None
+    if with_opt and layout and saved.get("distributed_optimizer") != layout.distributed_optimizer:
+        log.warning("checkpoint %s used %s optimizer, this run the %s one: loading model weights only "
+                    "(megatron-core cannot convert between them)", path,
+                    "the distributed" if saved.get("distributed_optimizer") else "a plain",
+                    "distributed" if layout.distributed_optimizer else "plain")
+        with_opt = False
+    with_rng = (not model_only and layout is not None and saved.get("tp") == layout.tp
+                and saved.get("pp") == layout.pp)
+    if with_opt:
+        _prime_adam_state(optimizer)
+    try:
+        state = dist_checkpointing.load(
+            _sharded_state(model, optimizer, scheduler, int(meta["iteration"]), True, with_opt, with_rng), str(path))
+    except Exception as exc:  # torch/megatron raise many types for unreadable or mismatched shards
+        raise CheckpointError(f"{path}: cannot load checkpoint ({type(exc).__name__}: {exc})") from exc
+    model.load_state_dict(state["model"], strict=True)
+    if with_opt:
+        optimizer.load_state_dict(state["optimizer"])
+        if scheduler is not None and "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+    if with_rng and "rng_state" in state:
+        _set_rng_state(state["rng_state"])
+    return int(meta["iteration"])
+
+
+def _prime_adam_state(optimizer) -> None:
+    """Without apex/TE megatron falls back to torch Adam, whose state (incl. ``step``) only exists after a
+    step; dist-checkpointing needs it allocated before a load."""
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        opt = getattr(sub, "optimizer", None)
+        if not isinstance(opt, torch.optim.Optimizer):
+            continue
+        for group in opt.param_groups:
+            for p in group["params"]:
+                st = opt.state[p]
+                if "step" not in st:
+                    st["step"] = torch.zeros((), dtype=torch.float32)
+                    st.setdefault("exp_avg", torch.zeros_like(p))
+                    st.setdefault("exp_avg_sq", torch.zeros_like(p))
+
+
+def write_status(run_dir: Path, state: str, step: int) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        write_json_atomic(run_dir / "status.json", {"state": state, "step": step})

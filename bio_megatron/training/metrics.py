@@ -1,0 +1,116 @@
+"""Throughput accounting (tokens/s, model TFLOP/s, MFU) and the run's step log, metrics.jsonl and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from bio_megatron.config.sizes import ModelShape
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+
+# Dense bf16/fp16 tensor-core peaks (TFLOP/s, no sparsity) from NVIDIA's data sheets; MFU is reported
+# only where the device is known. `bio-megatron bench` also measures the achievable matmul peak.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0,
+               "B200": 2250.0}
+
+
+def flops_per_sequence(shape: ModelShape, seq: int, vocab: int, training: bool = True) -> float:
+    """Matmul FLOPs of one sequence through Megatron BERT (x3 for forward+backward when training)."""
+    h, f, layers = shape.hidden_size, shape.ffn_hidden_size, shape.num_layers
+    per_token_layer = 2 * (4 * h * h + 2 * h * f) + 2 * 2 * seq * h  # projections + QK^T and AV
+    per_token_head = 2 * (h * h + h * vocab)  # LM-head transform + output projection
+    fwd = seq * (layers * per_token_layer + per_token_head)
+    return 3.0 * fwd if training else fwd
+
+
+def device_peak_tflops(dtype: torch.dtype) -> float | None:
+    if not torch.cuda.is_available() or dtype == torch.float32:
+        return None
+    name = torch.cuda.get_device_name()
+    for key, peak in PEAK_TFLOPS.items():
+        if key in name:
+            return peak
+    return None
+
+
+def memory_gib() -> float:
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import psutil
+
+    return psutil.Process(os.getpid()).memory_info().rss / 2**30
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+class RunLogger:
+    """The fixed one-line step log on rank 0, plus ``metrics.jsonl`` and TensorBoard in the run directory."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, tokens_per_step: int,
+                 flops_per_step: float, world_size: int, peak_tflops: float | None, max_steps: int):
+        self.enabled = enabled
+        self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
+        self.world_size, self.peak, self.max_steps = world_size, peak_tflops, max_steps
+        self._t_last = time.perf_counter()
+        self._step_last: int | None = None
+        self._jsonl = None
+        self._tb = None
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
+            if tensorboard:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def start(self, step: int) -> None:
+        self._t_last, self._step_last = time.perf_counter(), step
+
+    def log_step(self, step: int, loss: float, lr: float, grad_norm: float | None, **extra: float) -> dict:
+        now = time.perf_counter()
+        steps = max(1, step - (self._step_last if self._step_last is not None else step - 1))
+        dt = (now - self._t_last) / steps
+        self._t_last, self._step_last = now, step
+        tok_s = self.tokens_per_step / dt
+        tflops = self.flops_per_step / dt / 1e12 / self.world_size  # per device
+        rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_sec": tok_s,
+               "tflops_per_device": tflops, "mfu": (tflops / self.peak) if self.peak else None,
+               "step_time_s": dt, "memory_gib": memory_gib(), **extra}
+        if self.enabled:
+            mfu = f"{100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
+            gn = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"
+            log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | %s tok/s | %.2f TFLOP/s | MFU %s | "
+                     "mem %.2f GiB | ETA %s", step, self.max_steps, loss, lr, gn, f"{tok_s:,.0f}", tflops, mfu,
+                     rec["memory_gib"], _fmt_eta(dt * (self.max_steps - step)))
+            self.write(rec)
+        return rec
+
+    def log_validation(self, step: int, val_loss: float) -> None:
+        if self.enabled:
+            log.info("validation at step %d | val_loss %.4f", step, val_loss)
+            self.write({"step": step, "val_loss": val_loss})
+
+    def write(self, rec: dict) -> None:
+        if self._jsonl:
+            self._jsonl.write(json.dumps(rec) + "\n")
+            self._jsonl.flush()
+        if self._tb:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._tb.add_scalar(f"train/{k}" if not k.startswith("val") else f"validation/{k}", v, rec["step"])
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._jsonl:
+            self._jsonl.close()
+        if self._tb:
+            self._tb.close()

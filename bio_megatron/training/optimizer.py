@@ -1,0 +1,46 @@
+"""megatron-core optimizer (Adam/AdamW, weight decay, grad clipping, optional distributed optimizer)
+and its LR scheduler (warmup, then linear/cosine decay)."""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from bio_megatron.config.pretrain import OptimConfig
+
+
+def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, clip_grad: float,
+                    use_distributed_optimizer: bool):
+    cfg = OptimizerConfig(
+        optimizer="adam", lr=optim.lr, min_lr=optim.sched.min_lr, weight_decay=optim.weight_decay,
+        # NeMo's fused_adam and adamw decouple weight decay (AdamW); plain "adam" adds it to the gradient.
+        decoupled_weight_decay=optim.name != "adam",
+        adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_eps=optim.eps, clip_grad=clip_grad,
+        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return get_megatron_optimizer(cfg, model_chunks)
+
+
+def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
+    s = optim.sched
+    if s.warmup_steps is not None:
+        return s.warmup_steps
+    if s.warmup_ratio is not None:
+        return int(round(s.warmup_ratio * max_steps))
+    return 0
+
+
+def build_scheduler(optimizer, optim: OptimConfig, max_steps: int) -> OptimizerParamScheduler:
+    s = optim.sched
+    style = {"CosineAnnealing": "cosine", "cosine": "cosine", "linear": "linear", "constant": "constant"}[s.name]
+    warm = warmup_steps(optim, max_steps)
+    decay = s.decay_steps if s.decay_steps is not None else max_steps
+    # megatron counts decay steps from 0 including warmup; keep decay >= warmup so the schedule is defined.
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if warm else optim.lr, max_lr=optim.lr, min_lr=s.min_lr,
+        lr_warmup_steps=warm, lr_decay_steps=max(decay, warm + 1), lr_decay_style=style,
+        start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=max(1, max_steps),
+        wd_incr_style="constant", use_checkpoint_opt_param_scheduler=True, override_opt_param_scheduler=False,
+    )

@@ -1,0 +1,133 @@
+"""Masked-LM pretraining of Megatron BERT: set-up around the shared loop, and ``run_pretraining``."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+from bio_megatron.config.pretrain import PretrainConfig
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.data.pretrain import PretrainData, load_tokenizer
+from bio_megatron.models.bert import build_model, precision_dtype
+from bio_megatron.models.init import init_weights
+from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training.loop import LoopState, train
+from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
+from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.training.signals import StopRequest
+from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+
+
+def _to_device(batch: dict) -> dict:
+    return {k: v.cuda(non_blocking=True) for k, v in batch.items()} if torch.cuda.is_available() else batch
+
+
+def forward_step(data_iterator, model, binary_head: bool):
+    """One micro-batch: MLM loss averaged over masked positions (+ the NSP/SOP loss when enabled)."""
+    b = _to_device(next(data_iterator))
+    out = model(b["text"], b["padding_mask"], tokentype_ids=b["types"], lm_labels=b["labels"])
+    if not ps.is_pipeline_last_stage():
+        return out, None  # hidden states for the next stage; the schedule never calls loss_func here
+    lm_loss, binary_logits = out
+    mask = b["loss_mask"].float()
+    loss = (lm_loss.float() * mask).sum() / mask.sum().clamp(min=1.0)
+    if binary_head:
+        loss = loss + torch.nn.functional.cross_entropy(binary_logits.float(), b["is_random"])
+    report = {"loss": loss.detach().clone()}
+    return loss, lambda output: (output, report)
+
+
+def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
+    """This rank's model stage, initialised layout-invariantly, wrapped in megatron-core DDP."""
+    m = cfg.model
+    model = build_model(m, vocab_size, dtype)
+    init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
+    ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                            use_distributed_optimizer=m.use_distributed_optimizer)
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model)
+    model.config.finalize_model_grads_func = finalize_model_grads
+    model.config.no_sync_func = ddp.no_sync
+    return model, ddp
+
+
+def run_pretraining(cfg: PretrainConfig) -> str:
+    """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted"."""
+    world = init_distributed()
+    m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
+    from bio_megatron.config.pretrain import validate
+
+    validate(cfg, world.world_size)
+    init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
+    dtype = precision_dtype(t.precision)
+    tokenizer = load_tokenizer(cfg)
+    if tokenizer.pad != 0:
+        raise DataError(f"[PAD] must have id 0 (found {tokenizer.pad}): megatron-core's BERT dataset derives the "
+                        "padding mask from it", tokenizer.vocab_file)
+    run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
+    is_writer = world.rank == 0
+    data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
+                        Path(m.data.index_mapping_dir or run_dir / "index_cache"))
+    model, ddp = build_stage(cfg, tokenizer.vocab_size, dtype)
+    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
+    scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
+    layout = ckpt.Layout.current(m.use_distributed_optimizer)
+
+    step = 0
+    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
+        ckpt.latest_checkpoint(ckpt_root) if e.resume_if_exists else None)
+    if resume is not None:
+        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout)
+        log.info("resumed from %s at step %d", resume, step)
+    elif m.restore_from_path:
+        ckpt.load_checkpoint(Path(m.restore_from_path), model, model_only=True)
+        log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", m.restore_from_path)
+
+    shape = m.shape()
+    padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+    runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
+                       m.global_batch_size * flops_per_sequence(shape, m.encoder_seq_length, padded),
+                       world.world_size, device_peak_tflops(dtype), t.max_steps)
+    stop = StopRequest()
+    every = e.checkpoint_callback_params.every_n_train_steps
+
+    def save(s: int) -> None:
+        ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
+                             {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded})
+
+    def on_step(s: int, loss: float, lr: float, gnorm: float | None) -> None:
+        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1:
+            runlog.log_step(s, loss, lr, gnorm)
+
+    state = LoopState(
+        model=ddp, optimizer=optimizer, scheduler=scheduler,
+        forward_step=partial(forward_step, binary_head=m.bert_binary_head),
+        train_batches=data.train_microbatches, valid_batches=data.valid_microbatches,
+        seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size, max_steps=t.max_steps, step=step,
+        hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
+               "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
+               "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
+               "save": save, "should_stop": stop.agreed})
+    log.info("pretraining %s (%s): %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
+             "per step | %s | from step %d to %d", m.size, shape.status, shape.num_layers, shape.hidden_size,
+             shape.num_attention_heads, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
+             ps.get_data_parallel_world_size(), data.num_microbatches, m.micro_batch_size, dtype, step, t.max_steps)
+    t0 = time.perf_counter()
+    runlog.start(step)
+    status = train(state)
+    if status == "finished" and e.checkpoint_callback_params.save_last:
+        save(state.step)
+    ckpt.write_status(run_dir, status, state.step)
+    runlog.close()
+    stop.restore()
+    log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
+    return status
