@@ -66,9 +66,7 @@ def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str
 
 
 def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefix: str) -> dict[str, Any]:
-    """Worker: decode, validate and tokenize one shard, write it as an indexed dataset, return counts."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
+    """Worker: decode, validate and tokenize one shard, write its tokens and index, return counts."""
     assert _TOKENIZER is not None
     stats = ReadStats()
     docs: list[list[str]] = []
@@ -86,24 +84,30 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
         docs.append([s for s in obj["sentences"] if s.strip()])
     flat = [s for d in docs for s in d]
     ids = _TOKENIZER.tokenize_batch(flat) if flat else []
-    tmp = f"{shard_prefix}.tmp"
-    builder = IndexedDatasetBuilder(tmp + ".bin", dtype=np.int32)
-    n_docs = n_sents = n_tokens = 0
+    # The shard is raw int32 tokens + its sequence/document index; the parent appends it to
+    # megatron's IndexedDatasetBuilder. Workers stay light (no torch/megatron import per process).
+    lengths: list[int] = []
+    doc_index = [0]
+    n_docs = n_tokens = 0
     pos = 0
-    for doc in docs:
-        seqs = [x for x in ids[pos:pos + len(doc)] if x]  # a sentence of only whitespace/controls -> no item
-        pos += len(doc)
-        if not seqs:
-            continue  # megatron's samplers assume every document has at least one sentence
-        builder.add_document(np.concatenate([np.asarray(x, np.int32) for x in seqs]), [len(x) for x in seqs])
-        n_docs += 1
-        n_sents += len(seqs)
-        n_tokens += sum(len(x) for x in seqs)
-    builder.finalize(tmp + ".idx")
+    with open(shard_prefix + ".bin.tmp", "wb") as fh:
+        for doc in docs:
+            seqs = [x for x in ids[pos:pos + len(doc)] if x]  # whitespace-only sentence -> no item
+            pos += len(doc)
+            if not seqs:
+                continue  # megatron's samplers assume every document has at least one sentence
+            fh.write(np.concatenate([np.asarray(x, np.int32) for x in seqs]).tobytes())
+            lengths += [len(x) for x in seqs]
+            doc_index.append(len(lengths))
+            n_docs += 1
+            n_tokens += sum(len(x) for x in seqs)
+    n_sents = len(lengths)
+    with open(shard_prefix + ".idx.tmp", "wb") as fh:
+        np.savez(fh, sequence_lengths=np.asarray(lengths, np.int32), document_indices=np.asarray(doc_index, np.int64))
     unk = _TOKENIZER.unk
     n_unk = sum(x.count(unk) for x in ids)
     for ext in (".bin", ".idx"):
-        os.replace(tmp + ext, shard_prefix + ext)
+        os.replace(shard_prefix + ext + ".tmp", shard_prefix + ext)
     result = {"shard": index, "lines": len(lines), "documents": n_docs, "sentences": n_sents,
               "tokens": n_tokens, "unknown_tokens": n_unk, "skipped_records": stats.skipped,
               "empty_documents": len(docs) - n_docs, "problems": stats.problems}
@@ -224,15 +228,14 @@ _PREV_PAR: list[str | None] = [None]
 
 
 def _append_shard(builder: Any, shard_prefix: str) -> None:
-    """``IndexedDatasetBuilder.add_index`` without its per-call ``gc.collect()`` (0.2 s each once torch
-    is loaded, i.e. minutes over thousands of shards); the same index arithmetic, byte for byte."""
-    from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-    ds = IndexedDataset(shard_prefix)
+    """Append one shard to an ``IndexedDatasetBuilder``: the same index arithmetic as its ``add_index``
+    (which needs a megatron ``.idx`` per shard and runs ``gc.collect()`` per call, 0.2 s each once torch
+    is loaded) and byte-for-byte the data ``add_item``/``add_document`` would write."""
+    with np.load(shard_prefix + ".idx") as idx:
+        lengths, docs = idx["sequence_lengths"], idx["document_indices"]
     offset = len(builder.sequence_lengths)
-    builder.sequence_lengths.extend(ds.sequence_lengths.tolist())
-    builder.document_indices.extend((offset + ds.document_indices[1:]).tolist())
-    del ds
+    builder.sequence_lengths.extend(lengths.tolist())
+    builder.document_indices.extend((offset + docs[1:]).tolist())
     with open(shard_prefix + ".bin", "rb") as fh:
         shutil.copyfileobj(fh, builder.data_file)
 
