@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
+import warnings
 
 from bio_megatron import __version__
 from bio_megatron.utils.errors import BioMegatronError
@@ -46,7 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_dependencies() -> None:
+    """megatron-core warns at import about optional kernels (apex, TE) it falls back from; the step log
+    already says which layer spec runs, so keep the console readable."""
+    if not sys.warnoptions:
+        for module in (r"megatron(\..*)?", r"torch(\..*)?", r"transformers(\..*)?"):
+            warnings.filterwarnings("ignore", module=module)
+    logging.getLogger("megatron").setLevel(logging.ERROR)
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_dependencies()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -81,7 +81,30 @@ def layer_spec(m: ModelConfig) -> ModuleSpec:
 
 
 class BioBertModel(BertModel):
-    """megatron-core BertModel that also accepts ``SDPACoreAttention`` in the local spec."""
+    """megatron-core BertModel that also accepts ``SDPACoreAttention`` in the local spec and keeps the
+    vocabulary padding out of the softmax.
+
+    Megatron pads the vocabulary to a multiple of 128 x TP, and its padded entries would otherwise take
+    part in the softmax: the loss would then depend on the TP size, and the model could predict tokens that
+    do not exist. Masking them makes losses identical across layouts and logits equal to an unpadded model.
+    """
+
+    def __init__(self, *args, true_vocab_size: int | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.true_vocab_size = true_vocab_size
+        if self.post_process and true_vocab_size is not None and true_vocab_size < self.vocab_size:
+            self.output_layer.register_forward_hook(self._mask_padded_vocab)
+
+    def _mask_padded_vocab(self, module, inputs, output):
+        logits, bias = output
+        per_rank = logits.shape[-1]
+        start = ps.get_tensor_model_parallel_rank() * per_rank
+        n_real = self.true_vocab_size - start
+        if n_real >= per_rank:
+            return output
+        logits = logits.clone()
+        logits[..., max(n_real, 0):] = float("-inf")
+        return logits, bias
 
     def _sanity_check_attention_and_get_attn_mask_dimension(self) -> str:
         core = self.transformer_layer_spec.submodules.self_attention.submodules.core_attention
@@ -100,7 +123,7 @@ def build_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.floa
         config=cfg, transformer_layer_spec=layer_spec(m), vocab_size=padded,
         max_sequence_length=m.max_position_embeddings, num_tokentypes=m.num_tokentypes,
         add_binary_head=m.bert_binary_head, share_embeddings_and_output_weights=True,
-        parallel_output=True,
+        parallel_output=True, true_vocab_size=vocab_size,
         pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
         post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
     )

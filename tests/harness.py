@@ -1,0 +1,98 @@
+"""Fork a fresh gloo world per scenario from a parent that imported torch + megatron-core once.
+
+Each child gets RANK/WORLD_SIZE/MASTER_* like torchrun would give it, runs ``fn(*args)`` and reports
+its return value (or traceback). Children run in their own process group so that a test can SIGKILL a
+whole "job" (ranks and the helper processes they started) at once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Callable
+
+_CTX = mp.get_context("fork")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -> None:
+    os.setpgrp()
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch
+
+    torch.set_num_threads(1)
+    code = 0
+    try:
+        queue.put((rank, "ok", fn(*args)))
+    except BaseException:  # report everything to the parent, including SystemExit
+        queue.put((rank, "error", traceback.format_exc()))
+        code = 1
+    finally:
+        try:
+            from bio_megatron.parallel.distributed import teardown
+
+            teardown()
+        except Exception:
+            pass
+    os._exit(code)
+
+
+@dataclass
+class World:
+    procs: list
+    queue: Any
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for p in self.procs:
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def join(self, timeout: float = 300.0) -> list:
+        deadline = time.time() + timeout
+        results: dict[int, tuple] = {}
+        while len(results) < len(self.procs) and time.time() < deadline:
+            try:
+                rank, status, value = self.queue.get(timeout=0.2)
+                results[rank] = (status, value)
+            except Exception:
+                if all(not p.is_alive() for p in self.procs) and self.queue.empty():
+                    break
+        for p in self.procs:
+            p.join(timeout=max(0.1, deadline - time.time()))
+        if any(p.is_alive() for p in self.procs):
+            self.kill()
+            raise TimeoutError(f"gloo world did not finish in {timeout} s")
+        errors = [f"rank {r}:\n{v}" for r, (s, v) in sorted(results.items()) if s == "error"]
+        if errors:
+            raise RuntimeError("\n".join(errors))
+        return [results.get(r, ("missing", None))[1] for r in range(len(self.procs))]
+
+
+def start_world(world_size: int, fn: Callable, *args) -> World:
+    queue = _CTX.Queue()
+    port = free_port()
+    procs = [_CTX.Process(target=_child, args=(r, world_size, port, fn, args, queue), daemon=False)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    return World(procs, queue)
+
+
+def run_world(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
+    return start_world(world_size, fn, *args).join(timeout)
