@@ -46,7 +46,12 @@ def _record_to_document(art, path: Path) -> tuple[Document | None, int, int, str
     article = art.find("MedlineCitation/Article")
     title = text_of(article.find("ArticleTitle")) if article is not None else ""
     sections = []
-    for part in (article.findall("Abstract/AbstractText") if article is not None else []):
+    parts = article.findall("Abstract/AbstractText") if article is not None else []
+    if not any((t.text or len(t)) for t in parts):
+        # Some records carry only a publisher's/plain-language English abstract; it is still abstract text.
+        parts = [t for o in art.findall("MedlineCitation/OtherAbstract") if o.get("Language", "eng") == "eng"
+                 for t in o.findall("AbstractText")]
+    for part in parts:
         text = text_of(part, _SKIP_IN_TEXT)
         if text:
             sections.append(text)  # structured abstracts: sections joined, labels dropped
