@@ -1,0 +1,135 @@
+"""XML -> JSONL -> vocab -> .bin/.idx, read back by megatron-core and checked against transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from transformers import BertTokenizer
+
+import bio_megatron.corpus.tokenize as tokmod
+from bio_megatron.corpus.pmc import extract_pmc
+from bio_megatron.corpus.pubmed import extract_pubmed
+from bio_megatron.corpus.samples import sample_files
+from bio_megatron.corpus.tokenize import tokenize_corpus
+from bio_megatron.utils.errors import DataError
+from bio_megatron.vocab.train import train_vocab
+
+VOCABS = Path(__file__).resolve().parents[2] / "bio_megatron" / "resources" / "vocab"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The bundled real sample extracted to one JSONL file (PubMed abstracts then PMC articles)."""
+    d = tmp_path_factory.mktemp("jsonl")
+    extract_pubmed(sample_files()["pubmed"], d / "pubmed.jsonl")
+    extract_pmc(sample_files()["pmc"], d / "pmc.jsonl")
+    out = d / "all.jsonl"
+    out.write_text((d / "pubmed.jsonl").read_text() + (d / "pmc.jsonl").read_text())
+    return out
+
+
+def _docs(path: Path) -> list[list[str]]:
+    return [[s for s in json.loads(line)["sentences"] if s.strip()] for line in path.read_text().splitlines()]
+
+
+def _check_against_transformers(prefix: Path, jsonl: Path, vocab: Path, lowercase: bool) -> None:
+    ds = IndexedDataset(str(prefix))
+    docs = _docs(jsonl)
+    hf = BertTokenizer(vocab=str(vocab), do_lower_case=lowercase)
+    assert len(hf.get_vocab()) == len(vocab.read_text().splitlines())  # transformers really loaded it
+    assert len(ds.document_indices) - 1 == len(docs)
+    assert len(ds) == sum(len(d) for d in docs)
+    item = 0
+    for doc in docs:
+        expected = hf(doc, add_special_tokens=False)["input_ids"]
+        for ids in expected:
+            assert ds[item].dtype == np.int32 and ds[item].tolist() == ids
+            item += 1
+
+
+@pytest.mark.parametrize("vocab_name,lowercase", [("bert_base_cased_vocab.txt", False),
+                                                  ("bert_base_uncased_vocab.txt", True)])
+def test_indexed_data_equals_independent_wordpiece(tmp_path, corpus, vocab_name, lowercase):
+    vocab = VOCABS / vocab_name
+    s = tokenize_corpus([corpus], vocab, tmp_path / "pubmed_text_sentence", workers=1, shard_lines=30)
+    _check_against_transformers(tmp_path / "pubmed_text_sentence", corpus, vocab, lowercase)
+    assert s["lowercase"] is lowercase and s["documents"] == len(_docs(corpus)) and s["tokens"] > 0
+    assert 0 <= s["unknown_rate"] < 0.01 and s["tokens_per_s"] > 0
+    assert not (tmp_path / "pubmed_text_sentence.shards").exists()
+
+
+def test_trained_vocab_end_to_end(tmp_path, corpus):
+    vocab = tmp_path / "vocab.txt"
+    summary = train_vocab(corpus, vocab, size=2000, lowercase=True)
+    tokens = vocab.read_text().splitlines()
+    assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] and len(tokens) == summary["vocab_size"]
+    assert len(set(tokens)) == len(tokens) and len(tokens) <= 2000
+    assert sum(t.startswith("##") and len(t) > 3 for t in tokens) > 100  # real continuations, not just chars
+    s = tokenize_corpus(corpus, vocab, tmp_path / "bio", workers=1)
+    _check_against_transformers(tmp_path / "bio", corpus, vocab, lowercase=True)
+    assert s["unknown_tokens"] == 0  # every character of the training text is in the vocabulary
+
+
+def test_worker_count_does_not_change_a_byte(tmp_path, corpus):
+    vocab = VOCABS / "bert_base_uncased_vocab.txt"
+    for w in (1, 2):
+        tokenize_corpus(corpus, vocab, tmp_path / f"w{w}", workers=w, shard_lines=25)
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"w1{ext}").read_bytes() == (tmp_path / f"w2{ext}").read_bytes()
+
+
+def test_interrupted_run_resumes_finished_shards(tmp_path, corpus, monkeypatch):
+    vocab = VOCABS / "bert_base_cased_vocab.txt"
+    tokenize_corpus(corpus, vocab, tmp_path / "ref", shard_lines=20)
+    real = tokmod._tokenize_shard
+    calls: list[int] = []
+
+    def dies_at_shard_3(index, lines, prefix):
+        calls.append(index)
+        if index == 3:
+            raise KeyboardInterrupt  # the user pressed Ctrl-C / the job was preempted
+        return real(index, lines, prefix)
+
+    monkeypatch.setattr(tokmod, "_tokenize_shard", dies_at_shard_3)
+    with pytest.raises(KeyboardInterrupt):
+        tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20)
+    assert not (tmp_path / "run.bin").exists() and not (tmp_path / "run.idx").exists()
+    calls.clear()
+    monkeypatch.setattr(tokmod, "_tokenize_shard", real)
+    s = tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20)
+    assert s["shards_reused"] == 3 and s["shards"] > 3
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"run{ext}").read_bytes() == (tmp_path / f"ref{ext}").read_bytes()
+    # a changed setting invalidates the finished shards instead of mixing two runs
+    s2 = tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20, keep_shards=True)
+    assert s2["shards_reused"] == 0
+    s3 = tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20, lowercase=True)
+    assert s3["shards_reused"] == 0 and s3["lowercase"] is True
+
+
+def test_bad_jsonl_records_are_skipped_and_reported(tmp_path, corpus):
+    lines = corpus.read_bytes().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(lines[0] + b'{"id": "x", "source": "pubmed", "sentences": ["caf\xe9"]}\n' + lines[1]
+                    + b'{"id": "y", "sentences": \n' + b'{"id": "z", "source": "web", "sentences": []}\n' + lines[2])
+    s = tokenize_corpus(bad, VOCABS / "bert_base_cased_vocab.txt", tmp_path / "out")
+    assert s["documents"] == 3 and s["skipped_records"] == 3
+    assert [p.split(": ", 1)[0] for p in s["problems"]] == [f"{bad}:2", f"{bad}:4", f"{bad}:5"]
+    assert "UTF-8" in s["problems"][0] and "JSON" in s["problems"][1] and "source" in s["problems"][2]
+
+
+def test_fatal_inputs(tmp_path, corpus):
+    empty = tmp_path / "empty.jsonl"
+    empty.touch()
+    with pytest.raises(DataError, match="empty.jsonl: empty file"):
+        tokenize_corpus(empty, VOCABS / "bert_base_cased_vocab.txt", tmp_path / "o")
+    no_mask = tmp_path / "vocab.txt"
+    no_mask.write_text("\n".join(t for t in (VOCABS / "bert_base_cased_vocab.txt").read_text().splitlines()
+                                 if t != "[MASK]") + "\n")
+    with pytest.raises(DataError, match=r"vocab.txt: vocabulary lacks BERT special token\(s\) \[MASK\]"):
+        tokenize_corpus(corpus, no_mask, tmp_path / "o")
+    assert not (tmp_path / "o.bin").exists()
