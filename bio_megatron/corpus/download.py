@@ -92,12 +92,12 @@ def _gzip_ok(path: Path) -> bool:
         return False
 
 
-def _verify(path: Path, md5: str | None) -> str | None:
-    """Why ``path`` is not a good copy, or None."""
+def _verify(path: Path, md5: str | None, name: str) -> str | None:
+    """Why ``path`` (the download of ``name``) is not a good copy, or None."""
     if md5 is not None:
         got = _md5_of(path)
         return None if got == md5 else f"MD5 mismatch (expected {md5}, got {got})"
-    if path.name.endswith((".gz", ".tgz")) and not _gzip_ok(path):
+    if name.endswith((".gz", ".tgz")) and not _gzip_ok(path):
         return "corrupt or truncated gzip data"
     return None
 
@@ -110,7 +110,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
     if remote.md5_url:
         with _open(remote.md5_url, timeout) as resp:
             md5 = parse_md5(resp.read().decode("utf-8", "replace"), remote.name)
-    if dest.is_file() and _verify(dest, md5) is None:
+    if dest.is_file() and _verify(dest, md5, remote.name) is None:
         return {"name": remote.name, "status": "present", "bytes": dest.stat().st_size}
     part = out_dir / (remote.name + ".part")
     last_error = ""
@@ -121,8 +121,13 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
             with _open(remote.url, timeout, headers) as resp:
                 # 206: the server honoured Range, append; 200: it sent the whole file, start over.
                 mode = "ab" if have and resp.status == 206 else "wb"
+                expected = resp.headers.get("Content-Length")
                 with open(part, mode) as fh:
                     shutil.copyfileobj(resp, fh, 1 << 20)
+                got = part.stat().st_size - (have if mode == "ab" else 0)
+                if expected is not None and got < int(expected):
+                    # http.client returns a short body, not an error, when the peer closes early
+                    raise ConnectionError(f"connection closed after {got} of {expected} bytes")
         except urllib.error.HTTPError as exc:
             if exc.code == 416:  # asked past the end: the .part is complete (or bad); verify below
                 pass
@@ -139,7 +144,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
                         part.stat().st_size if part.exists() else 0, attempt, retries)
             time.sleep(backoff_s * attempt)
             continue
-        why = _verify(part, md5)
+        why = _verify(part, md5, remote.name)
         if why is None:
             part.replace(dest)
             return {"name": remote.name, "status": "downloaded", "bytes": dest.stat().st_size,
