@@ -96,17 +96,19 @@ bm_build_command() {
   fi
   if [ "$LAUNCHER" = srun ]; then
     # One task per GPU. RANK/WORLD_SIZE/LOCAL_RANK are set per task from SLURM_* (the single quotes
-    # are intentional: they expand inside each task, not here).
+    # are intentional: they expand inside each task, not here). USR1 starts out ignored (SIG_IGN
+    # survives exec) so a warning that arrives while Python is still importing does not kill the
+    # rank; the trainer installs its own handler and bm_on_signal repeats the signal until it exits.
     # shellcheck disable=SC2016
     SRUN_CMD+=(--ntasks-per-node="$GPUS_PER_NODE" --ntasks=$((SLURM_NNODES * GPUS_PER_NODE))
-               bash -c 'export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID
-                        LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"' bio-megatron
-               bio-megatron "$cmd" "${args[@]}")
+               bash -c 'trap "" USR1; export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS
+                        LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"'
+               bio-megatron bio-megatron "$cmd" "${args[@]}")
   else
-    # One torchrun per node, c10d rendezvous on the first host. The agent ignores USR1 (SIG_IGN is
-    # inherited, but the trainer installs its own handler) so that USR1 reaches the trainers while
-    # torchrun waits for them to checkpoint and exit 0; torchrun's own TERM handling would kill the
-    # workers 30 s later.
+    # One torchrun per node, c10d rendezvous on the first host. srun's USR1 reaches every process of
+    # the step; the torchrun agent ignores it (its default action would kill the agent, and its TERM
+    # handling kills workers after 30 s) while the trainers, which install their own handler,
+    # checkpoint and exit 0, and torchrun then exits 0.
     SRUN_CMD+=(--ntasks-per-node=1 --ntasks="$SLURM_NNODES"
                bash -c 'trap "" USR1; exec "$@"' torchrun
                torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$GPUS_PER_NODE"
@@ -117,14 +119,29 @@ bm_build_command() {
 
 BM_SIGNALLED=0
 BM_SRUN_PID=
+BM_RESIGNAL_PID=
+BM_RESIGNAL_EVERY=${BM_RESIGNAL_EVERY:-10}
 
-# Preemption/time-limit warning: remember it and pass it on to the training step once.
+# Forward USR1 to the step (srun passes it to every process of the step) now and then every
+# BM_RESIGNAL_EVERY seconds until the step ends: a rank that was still starting up (USR1 ignored)
+# gets it once its handler is installed; the trainer's handler is idempotent.
+bm_forward_signal() {
+  kill -USR1 "$BM_SRUN_PID" 2>/dev/null || return 0
+  (
+    while sleep "$BM_RESIGNAL_EVERY" && kill -0 "$BM_SRUN_PID" 2>/dev/null; do
+      kill -USR1 "$BM_SRUN_PID" 2>/dev/null || true
+    done
+  ) &
+  BM_RESIGNAL_PID=$!
+}
+
+# Preemption/time-limit warning: remember it and pass it on to the training step.
 bm_on_signal() {
   local sig=$1
   bm_log "received SIG$sig: asking the trainers to checkpoint and exit"
   if [ "$BM_SIGNALLED" = 1 ]; then return 0; fi
   BM_SIGNALLED=1
-  if [ -n "$BM_SRUN_PID" ]; then kill -USR1 "$BM_SRUN_PID" 2>/dev/null || true; fi
+  if [ -n "$BM_SRUN_PID" ]; then bm_forward_signal; fi
 }
 
 # Read "state" from status.json without needing Python on the host.
@@ -158,7 +175,7 @@ bm_launch() {
   trap 'bm_on_signal TERM' TERM
   "${SRUN_CMD[@]}" &
   BM_SRUN_PID=$!
-  if [ "$BM_SIGNALLED" = 1 ]; then kill -USR1 "$BM_SRUN_PID" 2>/dev/null || true; fi
+  if [ "$BM_SIGNALLED" = 1 ]; then bm_forward_signal; fi
 
   local rc
   set +e
@@ -170,6 +187,7 @@ bm_launch() {
     break
   done
   set -e
+  if [ -n "$BM_RESIGNAL_PID" ]; then kill "$BM_RESIGNAL_PID" 2>/dev/null || true; fi
   BM_SRUN_PID=
 
   local state=""

@@ -1,0 +1,42 @@
+# BioMegatron training image: the same image serves `docker run` on a DGX (docker/run) and
+# pyxis/enroot on SLURM (CONTAINER_IMAGE in slurm/*.sbatch).
+#
+#   docker build -t bio-megatron:latest .
+#   docker run --rm bio-megatron:latest            # prints `bio-megatron --help`
+#
+# The NGC PyTorch image provides CUDA, PyTorch, NCCL and Transformer Engine, all built together;
+# we add only megatron-core (pinned, as in pyproject.toml) and this project on top.
+# Python >= 3.12 is required (pyproject.toml): NGC tags from 25.01 on ship Python 3.12.
+ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.04-py3
+FROM ${BASE_IMAGE}
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    OMP_NUM_THREADS=1 \
+    CUDA_DEVICE_MAX_CONNECTIONS=1 \
+    TORCH_NCCL_AVOID_RECORD_STREAMS=1
+
+WORKDIR /workspace/bio-megatron
+
+# megatron-core first and on its own layer: it changes less often than our code. NGC images point
+# PIP_CONSTRAINT at a file that pins their own builds; it is unset for this install only, and
+# --no-deps keeps pip from replacing the image's torch (megatron-core's only heavy dependency).
+RUN PIP_CONSTRAINT='' python -m pip install --no-cache-dir --no-deps "megatron-core==0.19.2"
+
+COPY pyproject.toml README.md* ./
+COPY bio_megatron ./bio_megatron
+COPY nemo_configs ./nemo_configs
+COPY slurm ./slurm
+
+# The project's own dependencies minus torch and megatron-core (taken from the base image and the
+# layer above), installed under the image's constraints so torch, numpy and TE stay the NGC builds.
+RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.replace(' ', '').lower().startswith(('torch=', 'torch>', 'megatron-core'))))" > /tmp/requirements.txt \
+    && python -m pip install --no-cache-dir -r /tmp/requirements.txt \
+    && python -m pip install --no-cache-dir --no-deps . \
+    && rm /tmp/requirements.txt \
+    && bio-megatron --help > /dev/null
+
+COPY docker/entrypoint.sh /usr/local/bin/bio-megatron-entrypoint
+
+ENTRYPOINT ["/usr/local/bin/bio-megatron-entrypoint"]
+CMD ["bio-megatron", "--help"]

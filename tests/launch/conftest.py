@@ -1,0 +1,167 @@
+"""Fixtures for the launch tests: a real 2-node SLURM cluster on this host, a tiny real corpus, and a
+single-host torchrun reference run that the SLURM runs must reproduce.
+
+The cluster comes from ``slurm_ci/slurm_up.sh`` (vendored from ../shared/reference/slurm-ci):
+slurmctld + two ``slurmd -N nodeK`` in a private network namespace with only loopback, node names
+resolving to 127.0.0.1, fake GPUs as gres, and the no-op pyxis SPANK plugin loaded so the
+``--container-*`` flags are accepted and logged. ``slurm_down.sh`` stops every daemon and job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parent / "slurm_ci"
+VENV_BIN = Path(sys.executable).parent
+
+from launch_cmds import REFERENCE_COMMAND, REPO
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def require(ok: bool, reason: str) -> None:
+    """Skip when a system prerequisite is missing, but fail under CI so CI can never silently skip."""
+    if ok:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true but {reason} (tests/system_deps.sh should have installed it)", pytrace=False)
+    pytest.skip(reason)
+
+
+def missing_slurm() -> str | None:
+    if os.geteuid() != 0:
+        return "the local SLURM cluster needs root (slurmd, network namespace, /etc/hosts)"
+    tools = ("slurmctld", "slurmd", "sbatch", "scontrol", "munged", "nsenter", "ip", "gcc")
+    missing = [t for t in tools if shutil.which(t) is None and not Path("/usr/sbin", t).exists()]
+    if missing:
+        return f"slurmctld/slurmd/munge not installed (missing: {', '.join(missing)}); run tests/system_deps.sh"
+    if not Path("/usr/include/slurm/spank.h").exists():
+        return "SPANK headers (libslurm-dev) not installed; run tests/system_deps.sh"
+    return None
+
+
+@dataclass
+class SlurmCluster:
+    root: Path
+    env: dict[str, str]
+    pyxis_log: Path
+    jobs: list[str] = field(default_factory=list)
+
+    def sh(self, command: str, extra_env: dict[str, str] | None = None, timeout: float = 60) -> str:
+        """Run a shell command as a user would type it (repo root, cluster's sbatch/scontrol on PATH)."""
+        env = {**self.env, **(extra_env or {})}
+        res = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=timeout)
+        assert res.returncode == 0, f"{command!r} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}"
+        return res.stdout
+
+    def submit(self, command: str, extra_env: dict[str, str]) -> str:
+        out = self.sh(command, extra_env)
+        m = re.search(r"Submitted batch job (\d+)", out)
+        assert m, out
+        self.jobs.append(m.group(1))
+        return m.group(1)
+
+    def job(self, job_id: str) -> dict[str, str]:
+        out = self.sh(f"scontrol show job -o {job_id}")
+        return dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
+
+    def wait(self, job_id: str, until, timeout: float, what: str) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.job(job_id)
+            if until(info):
+                return info
+            if time.monotonic() > deadline:
+                pytest.fail(f"job {job_id}: not {what} after {timeout:.0f}s: {info.get('JobState')}\n"
+                            f"{self.job_log(info, 6000)}", pytrace=False)
+            time.sleep(0.5)
+
+    def wait_done(self, job_id: str, timeout: float = 240) -> dict[str, str]:
+        return self.wait(job_id, lambda j: j["JobState"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                                             "NODE_FAIL", "OUT_OF_MEMORY"),
+                         timeout, "finished")
+
+    @staticmethod
+    def job_log(info: dict[str, str], tail: int | None = None) -> str:
+        path = Path(info.get("StdOut", "/nonexistent"))
+        text = path.read_text() if path.exists() else f"(no job log at {path})"
+        return text[-tail:] if tail else text
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    reason = missing_slurm()
+    require(reason is None, reason or "")
+    # Not under pytest's tmp dir: munged runs as user munge and must traverse every parent directory.
+    root = Path(tempfile.mkdtemp(prefix="bm-slurm-", dir="/tmp"))
+    root.chmod(0o755)
+    pyxis_so, pyxis_log = root / "fake_pyxis.so", root / "pyxis.log"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(pyxis_so),
+                    str(HARNESS / "fake_pyxis.c")], check=True)
+    env_vars = {"SLURM_CI_ROOT": str(root / "cluster"), "SLURM_CI_NODES": "2", "SLURM_CI_CPUS_PER_NODE": "8",
+                "SLURM_CI_FAKE_GPUS_PER_NODE": "2", "SLURM_CI_NETNS": f"bmslurm{os.getpid()}",
+                "SLURM_CI_SPANK_SO": f"{pyxis_so} log={pyxis_log}"}
+    up_env = {**os.environ, **env_vars}
+    cluster = None
+    try:
+        subprocess.run(["bash", str(HARNESS / "slurm_up.sh")], env=up_env, check=True, timeout=120,
+                       capture_output=True, text=True)
+        env = {**os.environ, "SLURM_CONF": str(root / "cluster" / "slurm.conf"),
+               "PATH": f"{root / 'cluster' / 'bin'}:{VENV_BIN}:{os.environ.get('PATH', '')}"}
+        cluster = SlurmCluster(root=root, env=env, pyxis_log=pyxis_log)
+        yield cluster
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"slurm_up.sh failed:\n{exc.stdout}\n{exc.stderr}", pytrace=False)
+    finally:
+        subprocess.run(["bash", str(HARNESS / "slurm_down.sh")], env=up_env, timeout=120,
+                       capture_output=True, text=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus() -> Path:
+    """The bundled real PubMed sample, extracted and tokenized to <dir>/pubmed.{bin,idx}."""
+    from bio_megatron.corpus.pubmed import extract_pubmed
+    from bio_megatron.corpus.samples import sample_files
+    from bio_megatron.corpus.tokenize import tokenize_corpus
+
+    # Shared with the SLURM jobs (which run as root in another network namespace, same filesystem).
+    data = Path(tempfile.mkdtemp(prefix="bm-data-", dir="/tmp"))
+    vocab = REPO / "bio_megatron" / "resources" / "vocab" / "bert_base_uncased_vocab.txt"
+    extract_pubmed(sample_files()["pubmed"], data / "pubmed.jsonl")
+    tokenize_corpus(data / "pubmed.jsonl", vocab, data / "pubmed", workers=1)
+    yield data
+    shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def runs_dir() -> Path:
+    runs = Path(tempfile.mkdtemp(prefix="bm-runs-", dir="/tmp"))
+    yield runs
+    shutil.rmtree(runs, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny_corpus: Path, runs_dir: Path) -> Path:
+    env = {**os.environ, "DATA": str(tiny_corpus), "RUNS": str(runs_dir), "OMP_NUM_THREADS": "1",
+           "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
+    res = subprocess.run(["bash", "-c", REFERENCE_COMMAND], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, f"reference torchrun run failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
+    run = runs_dir / "reference"
+    assert json.loads((run / "status.json").read_text())["state"] == "finished"
+    return run

@@ -1,0 +1,161 @@
+"""The real sbatch scripts on a real 2-node SLURM cluster (see conftest.py).
+
+Every job is the tiny TP2 x DP2 CPU run (4 gloo ranks, 2 per "node") and must reproduce, loss for
+loss, the same run started with torchrun on one host. The commands below are copied verbatim into
+docs/LAUNCH.md (test_docs_commands checks that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launch_cmds import REFERENCE_COMMAND, REPO, TINY_OVERRIDES, read_metrics
+
+SBATCH = "sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --output=$RUNS/%x-%j.out"
+SRUN_JOB = f"EXP_DIR=$RUNS RUN_NAME=slurm-srun {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
+PYXIS_TORCHRUN_JOB = (
+    "LAUNCHER=torchrun CONTAINER_IMAGE=bio-megatron:latest CONTAINER_MOUNTS=$PWD:$PWD,$DATA:$DATA,$RUNS:$RUNS "
+    f"CONTAINER_WORKDIR=$PWD EXP_DIR=$RUNS RUN_NAME=slurm-pyxis-torchrun {SBATCH} slurm/pretrain.sbatch "
+    f"{TINY_OVERRIDES}"
+)
+PREEMPT_JOB = f"EXP_DIR=$RUNS RUN_NAME=slurm-preempt {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
+# What a preempting scheduler or the time-limit warning (--signal=B:USR1@300) does.
+PREEMPT_SIGNAL = "scancel --batch --signal=USR1 $JOB"
+
+DOC_COMMANDS = (REFERENCE_COMMAND, SRUN_JOB, PYXIS_TORCHRUN_JOB, PREEMPT_JOB, PREEMPT_SIGNAL)
+
+
+def assert_same_losses(run: Path, reference: Path) -> None:
+    got, want = read_metrics(run), read_metrics(reference)
+    assert sorted(got) == sorted(want) == list(range(1, 21)), (sorted(got), sorted(want))
+    diffs = {s: abs(got[s] - want[s]) for s in want if abs(got[s] - want[s]) > 1e-6}
+    assert not diffs, f"losses differ from the single-host torchrun run at steps {diffs}"
+
+
+def assert_finished_checkpoint(run: Path, step: int = 20) -> None:
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "finished" and status["step"] == step, status
+    assert (run / "checkpoints" / "latest").read_text().strip() == str(step)
+    ckpt = run / "checkpoints" / f"iter_{step:07d}"
+    assert (ckpt / "metadata.json").exists(), sorted(p.name for p in ckpt.iterdir())
+    # TP2 x DP2: megatron dist-checkpointing writes one shard file per saving rank.
+    assert len(list(ckpt.glob("*.distcp"))) >= 2, sorted(p.name for p in ckpt.iterdir())
+
+
+def job_env(tiny_corpus: Path, runs_dir: Path, **extra: str) -> dict[str, str]:
+    return {"DATA": str(tiny_corpus), "RUNS": str(runs_dir), **extra}
+
+
+def assert_completed(cluster, job: str, info: dict[str, str], restarts: int = 0) -> str:
+    log = cluster.job_log(info)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info['JobState']}\n{log[-6000:]}"
+    assert info["NodeList"] == "node[1-2]" and info["NumNodes"] == "2", info
+    assert info["Restarts"] == str(restarts), info
+    # MASTER_ADDR/PORT derived from the job, not fixed.
+    assert f"MASTER_ADDR=node1 MASTER_PORT={61000 + int(job) % 4536}" in log, log
+    return log
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sbatch_srun_two_nodes_matches_single_host_torchrun(slurm_cluster, reference_run, tiny_corpus, runs_dir):
+    job = slurm_cluster.submit(SRUN_JOB, job_env(tiny_corpus, runs_dir))
+    info = slurm_cluster.wait_done(job)
+    log = assert_completed(slurm_cluster, job, info)
+    assert "launcher=srun, container=none" in log and "--ntasks-per-node=2 --ntasks=4" in log, log
+    run = runs_dir / "slurm-srun"
+    assert_finished_checkpoint(run)
+    assert_same_losses(run, reference_run)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sbatch_pyxis_torchrun_two_nodes_matches_single_host_torchrun(slurm_cluster, reference_run, tiny_corpus,
+                                                                     runs_dir):
+    job = slurm_cluster.submit(PYXIS_TORCHRUN_JOB, job_env(tiny_corpus, runs_dir))
+    info = slurm_cluster.wait_done(job)
+    log = assert_completed(slurm_cluster, job, info)
+    assert "launcher=torchrun, container=bio-megatron:latest" in log, log
+    # The pyxis options went through SPANK into both tasks (one torchrun per node).
+    seen = [line.split() for line in slurm_cluster.pyxis_log.read_text().splitlines()
+            if line.startswith(f"job={job} ")]
+    by_task: dict[str, dict[str, str]] = {}
+    for _, task, opt in seen:
+        k, v = opt.split("=", 1)
+        by_task.setdefault(task, {})[k] = v
+    assert sorted(by_task) == ["task=0", "task=1"], seen
+    for opts in by_task.values():
+        assert opts == {"container-image": "bio-megatron:latest",
+                        "container-mounts": f"{REPO}:{REPO},{tiny_corpus}:{tiny_corpus},{runs_dir}:{runs_dir}",
+                        "container-workdir": str(REPO), "no-container-mount-home": "1"}, opts
+    run = runs_dir / "slurm-pyxis-torchrun"
+    assert_finished_checkpoint(run)
+    assert_same_losses(run, reference_run)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(slurm_cluster, reference_run, tiny_corpus,
+                                                                      runs_dir):
+    env = job_env(tiny_corpus, runs_dir)
+    job = slurm_cluster.submit(PREEMPT_JOB, env)
+    run = runs_dir / "slurm-preempt"
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").exists() or max(read_metrics(run), default=0) < 2:
+        info = slurm_cluster.job(job)
+        assert info["JobState"] in ("PENDING", "RUNNING"), slurm_cluster.job_log(info, 6000)
+        assert time.monotonic() < deadline, f"no training progress\n{slurm_cluster.job_log(info, 6000)}"
+        time.sleep(0.3)
+
+    slurm_cluster.sh(PREEMPT_SIGNAL, {**env, "JOB": job})
+    # SLURM holds a requeued job ~2 min (BeginTime) so nodes can clean up; while it waits, the
+    # interrupted attempt's state is stable and can be checked.
+    info = slurm_cluster.wait(job, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 120,
+                              "requeued")
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "interrupted" and 2 <= status["step"] < 20, status
+    step = status["step"]
+    assert (run / "checkpoints" / "latest").read_text().strip() == str(step)
+    assert (run / "checkpoints" / f"iter_{step:07d}" / "metadata.json").exists()
+    assert max(read_metrics(run)) == step
+
+    slurm_cluster.sh(f"scontrol update JobId={job} StartTime=now")
+    info = slurm_cluster.wait_done(job)
+    log = assert_completed(slurm_cluster, job, info, restarts=1)
+    assert "received SIGUSR1" in log and f"requeueing job {job}" in log and f"job {job} restart 1" in log, log
+    assert_finished_checkpoint(run)
+    # Interrupted + resumed == uninterrupted, step for step, down to the final loss.
+    assert_same_losses(run, reference_run)
+
+
+def test_docs_commands_are_the_tested_commands():
+    doc = (REPO / "docs" / "LAUNCH.md").read_text()
+    missing = [c for c in DOC_COMMANDS if c not in doc]
+    assert not missing, f"docs/LAUNCH.md lacks the tested commands: {missing}"
+
+
+@pytest.mark.parametrize("env, message", [
+    ({}, "not inside a SLURM job"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "LAUNCHER": "mpirun"},
+     "LAUNCHER must be srun or torchrun, got 'mpirun'"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "RECIPE": "nope.yaml"},
+     "RECIPE 'nope.yaml' not found"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "4",
+      "GPUS_PER_NODE": "8"}, "LAUNCHER=srun needs --ntasks-per-node=8"),
+    ({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "VENV": "/nonexistent"},
+     "VENV '/nonexistent' is not a virtual environment"),
+])
+@pytest.mark.parametrize("script", ["slurm/pretrain.sbatch", "slurm/finetune.sbatch"])
+def test_sbatch_fails_fast_with_a_clear_message(script, env, message, tmp_path):
+    if "RECIPE" not in env and script.endswith("finetune.sbatch"):
+        env = {**env, "RECIPE": "nemo_configs/pretrain/tiny.yaml"}  # the check order is what is tested
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    res = subprocess.run(["bash", script], cwd=REPO, env={**base, "EXP_DIR": str(tmp_path), **env},
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode != 0 and message in res.stderr, (res.returncode, res.stderr)
