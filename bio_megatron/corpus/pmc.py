@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from bio_megatron.corpus.schema import Document
-from bio_megatron.corpus.sentences import split_sentences
+from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, text_of
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
@@ -196,6 +196,8 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
     with tempfile.NamedTemporaryFile("w+", encoding="utf-8", dir=Path(output).parent,
                                      prefix=".pmc-", suffix=".jsonl") as tmp:
         ids: list[str] = []
+        if workers > 1:
+            warm_up()  # forked workers inherit the loaded splitter instead of each importing NLTK
         pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
         try:
             results = pool.map(_parse, _iter_articles(inputs), chunksize=4) if pool else map(

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from bio_megatron.corpus.schema import Document
-from bio_megatron.corpus.sentences import split_sentences
+from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, iter_elements, text_of
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
@@ -146,6 +146,7 @@ def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 
         jobs = [(str(p), os.path.join(tmp, f"{i:06d}.jsonl")) for i, p in enumerate(paths)]
         results = []
         if workers > 1 and len(jobs) > 1:
+            warm_up()  # forked workers inherit the loaded splitter instead of each importing NLTK
             with ProcessPoolExecutor(max_workers=workers) as pool:
                 for r in pool.map(_parse_file, jobs):
                     results.append(r)

@@ -47,6 +47,11 @@ def _punkt():
     return PunktSentenceTokenizer(params)
 
 
+def warm_up() -> None:
+    """Load the splitter now (importing NLTK takes ~2 s), e.g. before forking worker processes."""
+    _punkt()
+
+
 def split_sentences(text: str) -> list[str]:
     """Split one paragraph (or a structured-abstract section) into sentences."""
     text = " ".join(text.split())
