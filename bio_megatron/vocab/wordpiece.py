@@ -123,7 +123,9 @@ class WordPieceTokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
+        # encode_batch_fast skips character offsets we never use: ~1.5x faster, same ids.
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
 
     def tokens_of(self, text: str) -> list[str]:
         return self.backend.encode(text, add_special_tokens=False).tokens
