@@ -179,6 +179,12 @@ def run(args: argparse.Namespace) -> int:
         corpus = d / "corpus.jsonl"
         corpus.write_text(one * args.repeat * args.tokenize_repeat)  # identical work per copy
 
+        from bio_megatron.corpus.sentences import compare_with_naive
+        from bio_megatron.corpus.xmlio import iter_elements, text_of
+
+        passages = [text_of(t) for f in sample["pubmed"] for a in iter_elements(f, {"PubmedArticle"})
+                    for t in a.iter("AbstractText")]
+        results["sentence_splitting_punkt_vs_naive_regex"] = compare_with_naive([p for p in passages if p])
         sents = [s for line in one.splitlines() for s in json.loads(line)["sentences"]][: args.baseline_sentences]
         tok = WordPieceTokenizer(vocab)
         py = PythonWordPiece(vocab, tok.lowercase)
