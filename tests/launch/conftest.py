@@ -25,7 +25,7 @@ import pytest
 HARNESS = Path(__file__).resolve().parent / "slurm_ci"
 VENV_BIN = Path(sys.executable).parent
 
-from launch_cmds import REFERENCE_COMMAND, REPO
+from launch_cmds import DATA_COMMANDS, REFERENCE_COMMAND, REPO
 
 
 def in_ci() -> bool:
@@ -135,15 +135,13 @@ def slurm_cluster():
 @pytest.fixture(scope="session")
 def tiny_corpus() -> Path:
     """The bundled real PubMed sample, extracted and tokenized to <dir>/pubmed.{bin,idx}."""
-    from bio_megatron.corpus.pubmed import extract_pubmed
-    from bio_megatron.corpus.samples import sample_files
-    from bio_megatron.corpus.tokenize import tokenize_corpus
-
     # Shared with the SLURM jobs (which run as root in another network namespace, same filesystem).
     data = Path(tempfile.mkdtemp(prefix="bm-data-", dir="/tmp"))
-    vocab = REPO / "bio_megatron" / "resources" / "vocab" / "bert_base_uncased_vocab.txt"
-    extract_pubmed(sample_files()["pubmed"], data / "pubmed.jsonl")
-    tokenize_corpus(data / "pubmed.jsonl", vocab, data / "pubmed", workers=1)
+    env = {**os.environ, "DATA": str(data), "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
+    for command in DATA_COMMANDS:
+        res = subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{command} failed:\n{res.stdout}\n{res.stderr}"
+    assert (data / "pubmed.bin").stat().st_size > 0 and (data / "pubmed.idx").exists()
     yield data
     shutil.rmtree(data, ignore_errors=True)
 

@@ -15,6 +15,13 @@ TINY_OVERRIDES = (
     "exp_manager.checkpoint_callback_params.every_n_train_steps=5"
 )
 
+# The tiny corpus: the bundled real PubMed sample, extracted and tokenized with the CLI.
+DATA_COMMANDS = (
+    "bio-megatron data pubmed --input bio_megatron/resources/corpus/pubmed --output $DATA/pubmed.jsonl",
+    "bio-megatron data tokenize --input $DATA/pubmed.jsonl "
+    "--vocab bio_megatron/resources/vocab/bert_base_uncased_vocab.txt --output-prefix $DATA/pubmed",
+)
+
 # Single-host reference: the same tiny run under torchrun --standalone on this host.
 REFERENCE_COMMAND = (
     "torchrun --standalone --nproc-per-node=4 -m bio_megatron pretrain --config nemo_configs/pretrain/tiny.yaml "
