@@ -74,38 +74,33 @@ def test_sbatch_srun_two_nodes_matches_single_host_torchrun(slurm_cluster, refer
     assert_same_losses(run, reference_run)
 
 
-@pytest.mark.slurm
-@pytest.mark.slow
-def test_sbatch_pyxis_torchrun_two_nodes_matches_single_host_torchrun(slurm_cluster, reference_run, tiny_corpus,
-                                                                     runs_dir):
-    job = slurm_cluster.submit(PYXIS_TORCHRUN_JOB, job_env(tiny_corpus, runs_dir))
-    info = slurm_cluster.wait_done(job)
-    log = assert_completed(slurm_cluster, job, info)
-    assert "launcher=torchrun, container=bio-megatron:latest" in log, log
-    # The pyxis options went through SPANK into both tasks (one torchrun per node).
-    seen = [line.split() for line in slurm_cluster.pyxis_log.read_text().splitlines()
-            if line.startswith(f"job={job} ")]
+def assert_pyxis_flags_reached_every_node(cluster, job: str, tiny_corpus: Path, runs_dir: Path) -> None:
+    """The no-op pyxis SPANK plugin logs, per task, the --container-* options srun passed to it."""
     by_task: dict[str, dict[str, str]] = {}
-    for _, task, opt in seen:
-        k, v = opt.split("=", 1)
-        by_task.setdefault(task, {})[k] = v
-    assert sorted(by_task) == ["task=0", "task=1"], seen
+    for line in cluster.pyxis_log.read_text().splitlines():
+        if line.startswith(f"job={job} "):
+            _, task, opt = line.split()
+            k, v = opt.split("=", 1)
+            by_task.setdefault(task, {})[k] = v
+    # LAUNCHER=torchrun: one task per node.
+    assert sorted(by_task) == ["task=0", "task=1"], by_task
     for opts in by_task.values():
         assert opts == {"container-image": "bio-megatron:latest",
                         "container-mounts": f"{REPO}:{REPO},{tiny_corpus}:{tiny_corpus},{runs_dir}:{runs_dir}",
                         "container-workdir": str(REPO), "no-container-mount-home": "1"}, opts
-    run = runs_dir / "slurm-pyxis-torchrun"
-    assert_finished_checkpoint(run)
-    assert_same_losses(run, reference_run)
 
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(slurm_cluster, reference_run, tiny_corpus,
-                                                                      runs_dir):
+@pytest.mark.parametrize("command, run_name", [
+    pytest.param(PREEMPT_JOB, "slurm-preempt", id="srun-bare-metal"),
+    pytest.param(PYXIS_TORCHRUN_JOB, "slurm-pyxis-torchrun", id="torchrun-pyxis"),
+])
+def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(command, run_name, slurm_cluster, reference_run,
+                                                                      tiny_corpus, runs_dir):
     env = job_env(tiny_corpus, runs_dir)
-    job = slurm_cluster.submit(PREEMPT_JOB, env)
-    run = runs_dir / "slurm-preempt"
+    job = slurm_cluster.submit(command, env)
+    run = runs_dir / run_name
     deadline = time.monotonic() + 240
     while not (run / "metrics.jsonl").exists() or max(read_metrics(run), default=0) < 2:
         info = slurm_cluster.job(job)
@@ -142,6 +137,9 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(slurm_clus
              if "loss" in json.loads(ln)]
     assert sorted(steps) == list(range(1, 21)), steps
     assert_finished_checkpoint(run)
+    if "CONTAINER_IMAGE" in command:
+        assert "launcher=torchrun, container=bio-megatron:latest" in log, log
+        assert_pyxis_flags_reached_every_node(slurm_cluster, job, tiny_corpus, runs_dir)
     # Interrupted + resumed == uninterrupted, step for step, down to the final loss.
     assert_same_losses(run, reference_run)
 
