@@ -48,10 +48,10 @@ def iter_elements(path: str | Path, tags: set[str]) -> Iterator[ET.Element]:
     try:
         while True:
             try:
-                chunk = fh.read(1 << 20)
+                chunk = fh.read(1 << 16)
             except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-                raise DataError(f"corrupt or truncated gzip stream ({exc}) after about line {lines_fed + 1}",
-                                str(path)) from None
+                raise DataError(f"corrupt or truncated gzip stream ({exc}); the last complete line read was "
+                                f"line {lines_fed} (re-download the file)", str(path)) from None
             if not chunk:
                 parser.close()
                 break

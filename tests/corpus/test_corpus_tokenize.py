@@ -133,3 +133,20 @@ def test_fatal_inputs(tmp_path, corpus):
     with pytest.raises(DataError, match=r"vocab.txt: vocabulary lacks BERT special token\(s\) \[MASK\]"):
         tokenize_corpus(corpus, no_mask, tmp_path / "o")
     assert not (tmp_path / "o.bin").exists()
+
+
+def test_cli_vocab_train_then_tokenize(tmp_path, corpus, capsys):
+    from bio_megatron.cli import main
+
+    vocab = tmp_path / "v.txt"
+    assert main(["vocab", "train", "--input", str(corpus), "--output", str(vocab), "--size", "1500",
+                 "--uncased", "--threads", "1"]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    assert trained["vocab_size"] == len(vocab.read_text().splitlines()) and trained["lowercase"] is True
+    assert main(["data", "tokenize", "--input", str(corpus), "--vocab", str(vocab), "--output-prefix",
+                 str(tmp_path / "p"), "--workers", "1"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["lowercase"] is True  # followed the uncased vocabulary without being told
+    assert len(IndexedDataset(str(tmp_path / "p"))) == summary["sentences"]
+    assert main(["data", "tokenize", "--input", str(tmp_path / "missing.jsonl"), "--vocab", str(vocab),
+                 "--output-prefix", str(tmp_path / "q")]) == 2
