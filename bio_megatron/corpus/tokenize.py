@@ -151,7 +151,7 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
 
     results: dict[int, dict[str, Any]] = {}
     reused = 0
-    progress = Progress("tokenize shards")
+    progress = Progress("tokenize shards", total_bytes=sum(p.stat().st_size for p in paths if p.is_file()))
     if workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
                                    initargs=(str(vocab), tokenizer.lowercase))
@@ -159,25 +159,29 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
         pool = None
         _init_worker_in_process(tokenizer)
     pending: dict[int, Future] = {}
+    shard_bytes: dict[int, int] = {}
 
     def collect(block: bool) -> None:
         for k in sorted(pending):
             if block or pending[k].done():
                 r = pending.pop(k).result()
                 results[k] = r
-                progress.update(1, tokens=r["tokens"])
+                progress.update(1, tokens=r["tokens"], nbytes=shard_bytes.pop(k), docs=r["documents"])
 
     try:
         for k, lines in enumerate(_iter_shards(paths, shard_lines)):
+            shard_bytes[k] = sum(len(raw) for _, _, raw in lines)
             shard_prefix = str(work / f"shard-{k:06d}")
             done = Path(shard_prefix + ".json")
             if resume and done.is_file() and Path(shard_prefix + ".bin").is_file():
                 results[k] = json.loads(done.read_text())
                 reused += 1
+                progress.update(1, nbytes=shard_bytes.pop(k))
                 continue
             if pool is None:
                 results[k] = _tokenize_shard(k, lines, shard_prefix)
-                progress.update(1, tokens=results[k]["tokens"])
+                progress.update(1, tokens=results[k]["tokens"], nbytes=shard_bytes.pop(k),
+                                docs=results[k]["documents"])
                 continue
             pending[k] = pool.submit(_tokenize_shard, k, lines, shard_prefix)
             while len(pending) >= 2 * workers:  # bounded in-flight work keeps memory flat

@@ -18,6 +18,7 @@ from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
+_progress_log = get_logger("corpus.progress")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -122,28 +123,38 @@ def _local(tag: str) -> str:
 class Progress:
     """Rate-limited progress lines (items/s, tokens/s, ETA) through the project logger."""
 
-    def __init__(self, what: str, total: int | None = None, every_s: float = 10.0):
-        self.what, self.total, self.every_s = what, total, every_s
+    def __init__(self, what: str, total: int | None = None, every_s: float = 10.0,
+                 total_bytes: int | None = None):
+        self.what, self.total, self.every_s, self.total_bytes = what, total, every_s, total_bytes
         self.start = self.last = time.perf_counter()
         self.done = 0
         self.tokens = 0
+        self.bytes = 0
+        self.docs = 0
 
-    def update(self, n: int = 1, tokens: int = 0) -> None:
+    def update(self, n: int = 1, tokens: int = 0, nbytes: int = 0, docs: int = 0) -> None:
         self.done += n
         self.tokens += tokens
+        self.bytes += nbytes
+        self.docs += docs
         now = time.perf_counter()
         if now - self.last >= self.every_s:
             self.last = now
-            log.info("%s", self.line())
+            _progress_log.info("%s", self.line())
 
     def line(self) -> str:
         el = max(time.perf_counter() - self.start, 1e-9)
         rate = self.done / el
         msg = f"{self.what}: {self.done}" + (f"/{self.total}" if self.total else "") + f" ({rate:.1f}/s"
+        if self.docs:
+            msg += f", {self.docs / el:,.0f} docs/s"
         if self.tokens:
             msg += f", {self.tokens / el:,.0f} tokens/s"
         if self.total and rate > 0:
             msg += f", ETA {max(self.total - self.done, 0) / rate:.0f}s"
+        elif self.total_bytes and self.bytes:
+            # input size is known up front, the number of records is not: extrapolate from bytes
+            msg += f", {100 * self.bytes / self.total_bytes:.0f}%, ETA {el * (self.total_bytes / self.bytes - 1):.0f}s"
         return msg + ")"
 
     @property
