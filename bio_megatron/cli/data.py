@@ -64,9 +64,10 @@ def _pmc(args: argparse.Namespace) -> int:
 
 def _tokenize(args: argparse.Namespace) -> int:
     from bio_megatron.corpus.tokenize import tokenize_corpus
+    from bio_megatron.vocab.builtin import resolve_vocab
 
     lowercase = True if args.lowercase else False if args.cased else None
-    res = tokenize_corpus(_expand(args.input, (".jsonl",)), args.vocab, args.output_prefix,
+    res = tokenize_corpus(_expand(args.input, (".jsonl",)), resolve_vocab(args.vocab), args.output_prefix,
                           workers=args.workers, lowercase=lowercase, shard_lines=args.shard_lines,
                           resume=not args.no_resume)
     _print(res)
@@ -110,7 +111,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     t = sub.add_parser("tokenize", help="JSONL -> megatron-core indexed data <prefix>.bin/.idx")
     t.add_argument("--input", nargs="+", required=True, help="JSONL files or directories")
-    t.add_argument("--vocab", required=True, help="WordPiece vocab.txt")
+    t.add_argument("--vocab", required=True, help="WordPiece vocab.txt, or bert-base-cased / bert-base-uncased (bundled)")
     t.add_argument("--output-prefix", required=True)
     t.add_argument("--workers", type=int, default=cpus)
     case = t.add_mutually_exclusive_group()

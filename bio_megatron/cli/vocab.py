@@ -18,10 +18,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from bio_megatron.vocab.builtin import resolve_vocab
     from bio_megatron.vocab.stats import vocab_stats
 
     lowercase = True if args.lowercase else False if args.cased else None
-    res = vocab_stats(args.vocab, args.ner_file, lowercase=lowercase)
+    res = vocab_stats(resolve_vocab(args.vocab), args.ner_file, lowercase=lowercase)
     json.dump(res, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(func=_train)
 
     s = sub.add_parser("stats", help="entity words' sub-tokens per word (paper Table 3) and coverage")
-    s.add_argument("--vocab", required=True)
+    s.add_argument("--vocab", required=True, help="vocab.txt, or bert-base-cased / bert-base-uncased (bundled)")
     s.add_argument("--ner-file", nargs="+", required=True, help="IOB2 token<TAB>tag files, e.g. BC5CDR train.tsv")
     case = s.add_mutually_exclusive_group()
     case.add_argument("--lowercase", action="store_true")

@@ -11,6 +11,7 @@ Inputs may be ``.nxml`` files, directories of them, or NCBI's bulk ``.tar.gz`` p
 from __future__ import annotations
 
 import gzip
+from collections import deque
 import io
 import json
 import re
@@ -173,6 +174,19 @@ def _parse(item: tuple[str, bytes]) -> tuple[str, str | None, str | None]:
         return name, None, str(exc)
 
 
+def _bounded_map(pool: ProcessPoolExecutor, items: Iterator[tuple[str, bytes]],
+                 window: int) -> Iterator[tuple[str, str | None, str | None]]:
+    """``pool.map`` in input order, but with at most ``window`` articles in flight: ``Executor.map``
+    would read a whole multi-GB bulk package into memory before returning the first result."""
+    pending: deque = deque()
+    for item in items:
+        pending.append(pool.submit(_parse, item))
+        if len(pending) >= window:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
+
+
 def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, workers: int = 1,
                 licences: Iterable[str] | None = None, skip_bad: bool = True, **opts: Any) -> dict[str, Any]:
     """Extract PMC articles into one JSONL file; later duplicates of an article id replace earlier ones.
@@ -200,7 +214,7 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
             warm_up()  # forked workers inherit the loaded splitter instead of each importing NLTK
         pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
         try:
-            results = pool.map(_parse, _iter_articles(inputs), chunksize=4) if pool else map(
+            results = _bounded_map(pool, _iter_articles(inputs), 8 * workers) if pool else map(
                 _parse, _iter_articles(inputs))
             for name, line, err in results:
                 stats["articles"] += 1

@@ -169,3 +169,21 @@ def test_bad_pmc_article_is_skipped_and_reported(tmp_path):
     assert stats["documents"] == len(SAMPLE["pmc"])
     with pytest.raises(DataError, match="broken.nxml"):
         extract_pmc([bad], tmp_path / "strict.jsonl", skip_bad=False)
+
+
+def test_pmc_bulk_tar_gz_equals_loose_files(tmp_path):
+    """NCBI ships PMC as .tar.gz packages; reading one must give exactly what the loose files give."""
+    import tarfile
+
+    pkg = tmp_path / "oa_comm_xml.PMC000xxxxxx.baseline.2025-06-26.tar.gz"
+    with tarfile.open(pkg, "w:gz") as tar:
+        for f in SAMPLE["pmc"]:
+            tar.add(f, arcname=f"PMC000xxxxxx/{f.name}")
+    extract_pmc([pkg], tmp_path / "tar.jsonl", workers=2)
+    extract_pmc(SAMPLE["pmc"], tmp_path / "files.jsonl")
+    strip = lambda d: {k: {**v, "meta": {**v["meta"], "file": Path(v["meta"]["file"]).name}} for k, v in d.items()}
+    assert strip(_docs(tmp_path / "tar.jsonl")) == strip(_docs(tmp_path / "files.jsonl"))
+    cut = tmp_path / "cut.tar.gz"
+    cut.write_bytes(pkg.read_bytes()[: pkg.stat().st_size // 2])
+    with pytest.raises(DataError, match="cut.tar.gz: corrupt or truncated archive"):
+        extract_pmc([cut], tmp_path / "cut.jsonl")

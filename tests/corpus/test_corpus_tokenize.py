@@ -148,5 +148,5 @@ def test_cli_vocab_train_then_tokenize(tmp_path, corpus, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["lowercase"] is True  # followed the uncased vocabulary without being told
     assert len(IndexedDataset(str(tmp_path / "p"))) == summary["sentences"]
-    assert main(["data", "tokenize", "--input", str(tmp_path / "missing.jsonl"), "--vocab", str(vocab),
+    assert main(["data", "tokenize", "--input", str(tmp_path / "missing.jsonl"), "--vocab", "bert-base-cased",
                  "--output-prefix", str(tmp_path / "q")]) == 2
