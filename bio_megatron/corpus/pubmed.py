@@ -123,10 +123,9 @@ def _winners(results: list[dict[str, Any]]) -> list[np.ndarray]:
         at = np.clip(np.searchsorted(del_keys, rk[win]), 0, len(del_keys) - 1)
         deleted = (del_keys[at] == rk[win]) & (del_file[at] >= rf[win])
         win = win[~deleted]
-    masks = [np.zeros(len(r["pmids"]), bool) for r in results]
-    for f, q in zip(rf[win], rp[win]):
-        masks[int(f)][int(q)] = True
-    return masks
+    keep = np.zeros(len(rk), bool)
+    keep[win] = True  # records were concatenated file by file, so a split gives each file's mask
+    return np.split(keep, np.cumsum([len(r["pmids"]) for r in results])[:-1])
 
 
 def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 1,
