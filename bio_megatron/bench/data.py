@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     vocab = args.vocab or str(Path(__file__).resolve().parents[1] / "resources" / "vocab" / "bert_base_uncased_vocab.txt")
-    import megatron.core.datasets.indexed_dataset  # noqa: F401  (import costs paid once, before forking)
+    import megatron.core.datasets.indexed_dataset  # noqa: F401  # import costs paid once, before forking
     from bio_megatron.corpus.sentences import warm_up
 
     warm_up()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 from collections import deque
-import io
 import json
 import re
 import tarfile

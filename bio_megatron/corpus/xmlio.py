@@ -81,22 +81,6 @@ def iter_elements(path: str | Path, tags: set[str]) -> Iterator[ET.Element]:
         fh.close()
 
 
-def parse_document(path: str | Path) -> ET.Element:
-    """Parse one whole (small) XML document such as a PMC ``.nxml`` article."""
-    with open_binary(path) as fh:
-        try:
-            data = fh.read()
-        except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise DataError(f"corrupt or truncated gzip stream ({exc})", str(path)) from None
-    try:
-        # PMC .nxml declare an external DTD we never fetch; expat ignores it without resolving.
-        return ET.fromstring(data)
-    except ET.ParseError as exc:
-        line = exc.position[0] if getattr(exc, "position", None) else None
-        raise DataError(f"XML parse error: {exc} (malformed XML or a byte that is not valid UTF-8)",
-                        str(path), line) from None
-
-
 def text_of(elem: ET.Element | None, skip: frozenset[str] = frozenset()) -> str:
     """All text inside ``elem`` (tails included), leaving out sub-elements whose tag is in ``skip``."""
     if elem is None:

@@ -15,7 +15,6 @@ datasets need WordPiece semantics: a word-initial piece is a plain token and a c
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -121,6 +120,3 @@ def train_vocab(inputs: list[str | Path] | str | Path, output: str | Path, size:
              summary["continuations"], counts["sentences"], output)
     return summary
 
-
-def default_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
