@@ -154,11 +154,13 @@ def runs_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def reference_run(tiny_corpus: Path, runs_dir: Path) -> Path:
-    env = {**os.environ, "DATA": str(tiny_corpus), "RUNS": str(runs_dir), "OMP_NUM_THREADS": "1",
-           "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}"}
-    res = subprocess.run(["bash", "-c", REFERENCE_COMMAND], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+def reference_run(slurm_cluster: SlurmCluster, tiny_corpus: Path, runs_dir: Path) -> Path:
+    env = {**slurm_cluster.env, "DATA": str(tiny_corpus), "RUNS": str(runs_dir), "OMP_NUM_THREADS": "1"}
+    # Inside the cluster's network namespace (only loopback), so torchrun's store and gloo listen on
+    # nothing but loopback, like everything else the tests start.
+    ns = slurm_cluster.root / "cluster" / "bin" / "slurm-ns"
+    res = subprocess.run([str(ns), "bash", "-c", REFERENCE_COMMAND], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, f"reference torchrun run failed:\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}"
     run = runs_dir / "reference"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"

@@ -18,13 +18,13 @@ import pytest
 from launch_cmds import DATA_COMMANDS, REFERENCE_COMMAND, REPO, TINY_OVERRIDES, read_metrics
 
 SBATCH = "sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --output=$RUNS/%x-%j.out"
-SRUN_JOB = f"EXP_DIR=$RUNS RUN_NAME=slurm-srun {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
+SRUN_JOB = f"RECIPE=nemo_configs/pretrain/tiny.yaml EXP_DIR=$RUNS RUN_NAME=slurm-srun {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
 PYXIS_TORCHRUN_JOB = (
     "LAUNCHER=torchrun CONTAINER_IMAGE=bio-megatron:latest CONTAINER_MOUNTS=$PWD:$PWD,$DATA:$DATA,$RUNS:$RUNS "
-    f"CONTAINER_WORKDIR=$PWD EXP_DIR=$RUNS RUN_NAME=slurm-pyxis-torchrun {SBATCH} slurm/pretrain.sbatch "
+    f"CONTAINER_WORKDIR=$PWD RECIPE=nemo_configs/pretrain/tiny.yaml EXP_DIR=$RUNS RUN_NAME=slurm-pyxis-torchrun {SBATCH} slurm/pretrain.sbatch "
     f"{TINY_OVERRIDES}"
 )
-PREEMPT_JOB = f"EXP_DIR=$RUNS RUN_NAME=slurm-preempt {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
+PREEMPT_JOB = f"RECIPE=nemo_configs/pretrain/tiny.yaml EXP_DIR=$RUNS RUN_NAME=slurm-preempt {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
 # What a preempting scheduler or the time-limit warning (--signal=B:USR1@300) does.
 PREEMPT_SIGNAL = "scancel --batch --signal=USR1 $JOB"
 
