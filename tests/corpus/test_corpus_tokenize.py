@@ -150,3 +150,58 @@ def test_cli_vocab_train_then_tokenize(tmp_path, corpus, capsys):
     assert len(IndexedDataset(str(tmp_path / "p"))) == summary["sentences"]
     assert main(["data", "tokenize", "--input", str(tmp_path / "missing.jsonl"), "--vocab", "bert-base-cased",
                  "--output-prefix", str(tmp_path / "q")]) == 2
+
+
+_WWM_CHECK = r'''
+import sys, warnings
+warnings.filterwarnings("ignore")
+import numpy as np
+import torch.distributed as dist
+from megatron.core.datasets.bert_dataset import BERTMaskedWordPieceDataset, BERTMaskedWordPieceDatasetConfig
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+prefix, vocab, cache = sys.argv[1:4]
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)  # megatron asks the rank
+tok = WordPieceTokenizer(vocab)
+cfg = BERTMaskedWordPieceDatasetConfig(
+    random_seed=1, sequence_length=64, blend=([prefix], None), split="100,0,0", path_to_cache=cache,
+    tokenizer=tok, masking_probability=0.15, short_sequence_probability=0.1, masking_max_ngram=3,
+    masking_do_full_word=True, masking_do_permutation=False, masking_use_longer_ngrams=False,
+    masking_use_geometric_distribution=False, classification_head=False)
+train = BlendedMegatronDatasetBuilder(BERTMaskedWordPieceDataset, [300, 0, 0], lambda: True, cfg).build()[0]
+split_words = masked_continuations = 0
+for i in range(len(train)):
+    x = train[i]
+    lm, txt, lab = x["loss_mask"], x["text"], x["labels"]
+    for p in np.nonzero(lm)[0]:
+        if tok.inv_vocab[int(lab[p])].startswith("##"):
+            masked_continuations += 1
+            if lm[p - 1] == 0 and int(txt[p - 1]) not in (tok.cls, tok.sep):
+                split_words += 1  # a continuation masked without its word start
+        q = p + 1
+        if q < len(lm) and lm[q] == 0 and tok.inv_vocab[int(txt[q])].startswith("##"):
+            split_words += 1  # a word start masked, its continuation left visible
+print("RESULT", split_words, masked_continuations)
+'''
+
+
+def test_megatron_whole_word_masking_on_trained_vocab(tmp_path, corpus):
+    """megatron-core's BERT dataset, fed our trained vocab and .bin/.idx, masks whole words only."""
+    import os
+    import subprocess
+    import sys
+
+    vocab = tmp_path / "v.txt"
+    train_vocab(corpus, vocab, size=2000, lowercase=True)
+    tokenize_corpus(corpus, vocab, tmp_path / "bio")
+    script = tmp_path / "wwm.py"
+    script.write_text(_WWM_CHECK)
+    # its own process: a gloo process group in the pytest process would leak into other tests
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONPATH": str(VOCABS.parents[2])}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "bio"), str(vocab), str(tmp_path / "cache")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    split_words, masked_continuations = map(int, out.stdout.split("RESULT")[1].split())
+    assert masked_continuations > 50  # '##' pieces exist and were masked as parts of words
+    assert split_words == 0
