@@ -108,8 +108,15 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
     dest = out_dir / remote.name
     md5 = None
     if remote.md5_url:
-        with _open(remote.md5_url, timeout) as resp:
-            md5 = parse_md5(resp.read().decode("utf-8", "replace"), remote.name)
+        for attempt in range(1, retries + 1):
+            try:
+                with _open(remote.md5_url, timeout) as resp:
+                    md5 = parse_md5(resp.read().decode("utf-8", "replace"), remote.name)
+                break
+            except _TRANSIENT as exc:
+                if attempt == retries:
+                    raise DataError(f"cannot fetch checksum {remote.md5_url}: {exc}", str(dest)) from None
+                time.sleep(backoff_s * attempt)
     if dest.is_file() and _verify(dest, md5, remote.name) is None:
         return {"name": remote.name, "status": "present", "bytes": dest.stat().st_size}
     part = out_dir / (remote.name + ".part")
