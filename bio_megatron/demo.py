@@ -43,7 +43,7 @@ def build_demo_corpus(out: Path) -> Path:
 
 
 def _brief(stats: dict) -> str:
-    keys = ("documents", "sentences", "tokens", "deleted", "unk_rate")
+    keys = ("documents", "sentences", "tokens", "superseded_or_deleted", "unknown_rate")
     return ", ".join(f"{k} {stats[k]:.4g}" if isinstance(stats[k], float) else f"{k} {stats[k]}"
                      for k in keys if k in stats)
 

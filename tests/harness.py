@@ -45,6 +45,8 @@ def _child(rank: int, world: int, port: int, fn: Callable, args: tuple, queue) -
             teardown()
         except Exception:
             pass
+        # os._exit skips multiprocessing's exit hooks: run them so helper processes a rank started stop too.
+        mp.util._exit_function()
     os._exit(code)
 
 

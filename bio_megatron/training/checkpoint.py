@@ -2,7 +2,7 @@
 
 Layout on disk (self-describing, loadable at any TP/PP layout)::
 
-    <run>/checkpoints/iter_0000100/   dist-checkpoint shards + config.yaml, vocab.txt, metadata.json
+    <run>/checkpoints/iter_0000100/   dist-checkpoint shards + config.yaml, vocab.txt, bio_megatron.json
     <run>/checkpoints/latest          "100", replaced atomically after the directory is complete
 
 A save goes to ``.iter_XXXXXXX.tmp`` and is renamed when every rank has written, so a crash mid-save
@@ -38,15 +38,31 @@ def _barrier() -> None:
         dist.barrier()
 
 
+_MANAGER = None
+
+
 def _fast_write_queue() -> None:
     """dist-checkpointing starts a *spawn* multiprocessing Manager on the first save (3-4 s on CPU, and it
     re-imports ``__main__``). A fork-context Manager does the same job without re-importing anything."""
+    global _MANAGER
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 
     if getattr(fa, "_results_queue", None) is None and not torch.cuda.is_available():
         import multiprocessing as mp
 
-        fa._results_queue = mp.get_context("fork").Manager().Queue()
+        _MANAGER = mp.get_context("fork").Manager()
+        fa._results_queue = _MANAGER.Queue()
+
+
+def shutdown_writer() -> None:
+    """Stop the Manager process started for checkpoint writes (it would outlive a rank that exits hard)."""
+    global _MANAGER
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+
+    if _MANAGER is not None:
+        _MANAGER.shutdown()
+        _MANAGER = None
+        fa._results_queue = None
 
 
 def iteration_dir(root: Path, step: int) -> Path:
@@ -62,13 +78,13 @@ def latest_checkpoint(root: Path) -> Path | None:
     if not text.isdigit():
         raise CheckpointError(f"{marker}: expected an iteration number, found {text!r}")
     path = iteration_dir(root, int(text))
-    if not (path / "metadata.json").is_file():
-        raise CheckpointError(f"{marker} names {path}, which is missing or incomplete (no metadata.json)")
+    if not (path / "bio_megatron.json").is_file():
+        raise CheckpointError(f"{marker} names {path}, which is missing or incomplete (no bio_megatron.json)")
     return path
 
 
 def read_metadata(path: str | Path) -> dict:
-    """``metadata.json`` of a checkpoint directory (also accepts a run's ``checkpoints`` folder or run dir)."""
+    """``bio_megatron.json`` of a checkpoint directory (also accepts a run's ``checkpoints`` folder or run dir)."""
     path = Path(path)
     for candidate in (path, path / "checkpoints"):
         if (candidate / "latest").exists():
@@ -76,9 +92,9 @@ def read_metadata(path: str | Path) -> dict:
             if found:
                 path = found
                 break
-    meta = path / "metadata.json"
+    meta = path / "bio_megatron.json"
     if not meta.is_file():
-        raise CheckpointError(f"{path}: not a BioMegatron checkpoint (no metadata.json); expected a directory "
+        raise CheckpointError(f"{path}: not a BioMegatron checkpoint (no bio_megatron.json); expected a directory "
                               "like <run>/checkpoints/iter_0000100 or a run's checkpoints folder")
     try:
         data = json.loads(meta.read_text())
@@ -162,7 +178,7 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, voc
         shutil.copyfile(vocab_file, tmp / "vocab.txt")
         meta = {"format": "bio_megatron/1", "iteration": step, "layout": layout.__dict__,
                 "consumed_samples": step * cfg.model.global_batch_size, **(extra_meta or {})}
-        (tmp / "metadata.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / "bio_megatron.json").write_text(json.dumps(meta, indent=2) + "\n")
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

@@ -123,11 +123,14 @@ def run_pretraining(cfg: PretrainConfig) -> str:
              ps.get_data_parallel_world_size(), data.num_microbatches, m.micro_batch_size, dtype, step, t.max_steps)
     t0 = time.perf_counter()
     runlog.start(step)
-    status = train(state)
-    if status == "finished" and e.checkpoint_callback_params.save_last:
-        save(state.step)
-    ckpt.write_status(run_dir, status, state.step)
-    runlog.close()
-    stop.restore()
+    try:
+        status = train(state)
+        if status == "finished" and e.checkpoint_callback_params.save_last:
+            save(state.step)
+        ckpt.write_status(run_dir, status, state.step)
+    finally:
+        runlog.close()
+        stop.restore()
+        ckpt.shutdown_writer()
     log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
     return status
