@@ -30,12 +30,13 @@ def hf_config(shape: ModelShape, vocab_size: int, max_position_embeddings: int, 
               layernorm_epsilon: float = 1e-12, **extra):
     from transformers import MegatronBertConfig
 
-    return MegatronBertConfig(
+    fields = dict(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
         num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size,
         hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         max_position_embeddings=max_position_embeddings, type_vocab_size=num_tokentypes,
-        layer_norm_eps=layernorm_epsilon, tie_word_embeddings=True, **extra)
+        layer_norm_eps=layernorm_epsilon, tie_word_embeddings=True)
+    return MegatronBertConfig(**{**fields, **extra})
 
 
 def _normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
