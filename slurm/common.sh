@@ -10,9 +10,11 @@
 #    enroot's hook and the trainer's own SLURM fallback use).
 #  * The training step runs in the background and the batch shell `wait`s for it: bash defers traps
 #    while a foreground child runs, so a foreground srun would swallow the preemption warning.
-#  * On USR1/TERM the batch shell forwards USR1 to srun, which signals every process of the step;
-#    the trainer saves a checkpoint, writes status.json {"state": "interrupted"} and exits 0. The
-#    batch shell then requeues the job; the requeued job resumes from checkpoints/latest.
+#  * On USR1 (the time-limit warning, or a preempting scheduler) the batch shell forwards USR1 to
+#    srun, which signals every process of the step; the trainer saves a checkpoint, writes
+#    status.json {"state": "interrupted"} and exits 0. The batch shell then requeues the job; the
+#    requeued job resumes from checkpoints/latest. TERM (scancel, a hard kill) is forwarded the
+#    same way, but the job is not requeued: a cancelled job must stay cancelled.
 
 # Print a line prefixed so it stands out in the job log.
 bm_log() { echo "[bio-megatron $(date +%H:%M:%S)] $*"; }
@@ -118,6 +120,7 @@ bm_build_command() {
 }
 
 BM_SIGNALLED=0
+BM_TERMINATED=0
 BM_SRUN_PID=
 BM_RESIGNAL_PID=
 BM_RESIGNAL_EVERY=${BM_RESIGNAL_EVERY:-10}
@@ -139,6 +142,7 @@ bm_forward_signal() {
 bm_on_signal() {
   local sig=$1
   bm_log "received SIG$sig: asking the trainers to checkpoint and exit"
+  if [ "$sig" = TERM ]; then BM_TERMINATED=1; fi
   if [ "$BM_SIGNALLED" = 1 ]; then return 0; fi
   BM_SIGNALLED=1
   if [ -n "$BM_SRUN_PID" ]; then bm_forward_signal; fi
@@ -155,6 +159,9 @@ bm_run_state() {
 bm_launch() {
   local cmd=$1
   shift
+  # Trap first: USR1's default action would kill the batch shell if the warning came during setup.
+  trap 'bm_on_signal USR1' USR1
+  trap 'bm_on_signal TERM' TERM
   bm_check_config
   bm_setup_env
   bm_export_env
@@ -171,8 +178,6 @@ bm_launch() {
   bm_log "run directory: $run_dir"
   bm_log "launching: ${SRUN_CMD[*]}"
 
-  trap 'bm_on_signal USR1' USR1
-  trap 'bm_on_signal TERM' TERM
   "${SRUN_CMD[@]}" &
   BM_SRUN_PID=$!
   if [ "$BM_SIGNALLED" = 1 ]; then bm_forward_signal; fi
@@ -197,12 +202,21 @@ bm_launch() {
   rm -f "$marker"
   bm_log "training step exited with $rc, trainer state '${state:-unknown}'"
 
+  if [ "$rc" = 0 ] && [ "$state" = interrupted ] && [ "$BM_TERMINATED" = 1 ]; then
+    # TERM means the job is ending for good: scancel, or a scheduler that cancels (or requeues by
+    # itself). Requeueing here would undo a scancel; the checkpoint is kept either way.
+    bm_log "job $SLURM_JOB_ID is being terminated: checkpoint kept, not requeueing" \
+           "(resubmit with RUN_NAME=$RUN_NAME to resume)"
+    exit 0
+  fi
   if [ "$rc" = 0 ] && [ "$state" = interrupted ]; then
     if [ "$restarts" -ge "$MAX_REQUEUES" ]; then
       bm_die "interrupted, but the job was already requeued $restarts time(s) (MAX_REQUEUES=$MAX_REQUEUES)"
     fi
     bm_log "requeueing job $SLURM_JOB_ID; it will resume from $run_dir/checkpoints/latest"
-    scontrol requeue "$SLURM_JOB_ID"
+    # Refused when the job was cancelled (scancel also sends TERM) or is not requeueable.
+    scontrol requeue "$SLURM_JOB_ID" \
+      || bm_die "scontrol requeue $SLURM_JOB_ID refused; resubmit with the same RUN_NAME to resume"
     exit 0
   fi
   return "$rc"

@@ -27,8 +27,10 @@ PYXIS_TORCHRUN_JOB = (
 PREEMPT_JOB = f"RECIPE=nemo_configs/pretrain/tiny.yaml EXP_DIR=$RUNS RUN_NAME=slurm-preempt {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
 # What a preempting scheduler or the time-limit warning (--signal=B:USR1@300) does.
 PREEMPT_SIGNAL = "scancel --batch --signal=USR1 $JOB"
+CANCEL_JOB = PREEMPT_JOB.replace("RUN_NAME=slurm-preempt", "RUN_NAME=slurm-cancel")
+CANCEL = "scancel $JOB"
 
-DOC_COMMANDS = (*DATA_COMMANDS, REFERENCE_COMMAND, SRUN_JOB, PYXIS_TORCHRUN_JOB, PREEMPT_JOB, PREEMPT_SIGNAL)
+DOC_COMMANDS = (*DATA_COMMANDS, REFERENCE_COMMAND, SRUN_JOB, PYXIS_TORCHRUN_JOB, PREEMPT_JOB, PREEMPT_SIGNAL, CANCEL)
 
 
 def assert_same_losses(run: Path, reference: Path) -> None:
@@ -101,12 +103,7 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(command, r
     env = job_env(tiny_corpus, runs_dir)
     job = slurm_cluster.submit(command, env)
     run = runs_dir / run_name
-    deadline = time.monotonic() + 240
-    while not (run / "metrics.jsonl").exists() or max(read_metrics(run), default=0) < 2:
-        info = slurm_cluster.job(job)
-        assert info["JobState"] in ("PENDING", "RUNNING"), slurm_cluster.job_log(info, 6000)
-        assert time.monotonic() < deadline, f"no training progress\n{slurm_cluster.job_log(info, 6000)}"
-        time.sleep(0.3)
+    wait_for_training(slurm_cluster, job, run)
 
     slurm_cluster.sh(PREEMPT_SIGNAL, {**env, "JOB": job})
     info = slurm_cluster.wait(job, lambda j: j["Restarts"] == "1", 120, "requeued")
@@ -142,6 +139,35 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(command, r
         assert_pyxis_flags_reached_every_node(slurm_cluster, job, tiny_corpus, runs_dir)
     # Interrupted + resumed == uninterrupted, step for step, down to the final loss.
     assert_same_losses(run, reference_run)
+
+
+def wait_for_training(cluster, job: str, run: Path, min_step: int = 2) -> None:
+    deadline = time.monotonic() + 240
+    while not (run / "metrics.jsonl").exists() or max(read_metrics(run), default=0) < min_step:
+        info = cluster.job(job)
+        assert info["JobState"] in ("PENDING", "RUNNING"), cluster.job_log(info, 6000)
+        assert time.monotonic() < deadline, f"no training progress\n{cluster.job_log(info, 6000)}"
+        time.sleep(0.3)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_scancel_checkpoints_and_the_job_stays_cancelled(slurm_cluster, tiny_corpus, runs_dir):
+    """scancel sends TERM too; the trainers checkpoint, but the job must not requeue itself."""
+    env = job_env(tiny_corpus, runs_dir)
+    job = slurm_cluster.submit(CANCEL_JOB, env)
+    run = runs_dir / "slurm-cancel"
+    wait_for_training(slurm_cluster, job, run)
+    slurm_cluster.sh(CANCEL, {**env, "JOB": job})
+    info = slurm_cluster.wait_done(job, timeout=60)
+    time.sleep(2)  # a (wrong) requeue would show up as Restarts=1 / PENDING by now
+    info = slurm_cluster.job(job)
+    log = slurm_cluster.job_log(info)
+    assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, log[-4000:])
+    assert "received SIGTERM" in log and "not requeueing" in log, log[-4000:]
+    status = json.loads((run / "status.json").read_text())
+    assert status["state"] == "interrupted", status
+    assert (run / "checkpoints" / "latest").read_text().strip() == str(status["step"])
 
 
 def test_docs_commands_are_the_tested_commands():
