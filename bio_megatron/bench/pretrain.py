@@ -1,0 +1,376 @@
+"""``bio-megatron bench pretrain``: training throughput of our megatron-core model against Hugging Face.
+
+Measured in one process, on one device, on the same shape and the same synthetic MLM batch:
+
+* **ours**: ``BioBertModel`` (TP1) in megatron-core DDP with ``get_megatron_optimizer``, one full train
+  step per iteration through ``get_forward_backward_func()`` (forward, backward, grad clipping, Adam) —
+  the code path ``bio-megatron pretrain`` runs;
+* **hf**: ``MegatronBertForMaskedLM`` (``ForPreTraining`` with ``--binary-head``) with fp32 weights under
+  ``torch.autocast`` (what the HF Trainer does for bf16/fp16), ``torch.optim.AdamW`` (fused on GPU) and
+  the same grad clipping. transformers 5.x ships MegatronBert with eager attention only and refuses
+  ``attn_implementation="sdpa"``; ``--hf-attention sdpa`` (the default) therefore swaps each layer's
+  self-attention for ``F.scaled_dot_product_attention`` so the baseline gets PyTorch's fused kernels too;
+* on GPU, the achievable matmul rate (a large square matmul loop in the compute dtype), so that MFU is
+  reported against both the data-sheet peak and the measured one.
+
+TFLOP/s use ``flops_per_sequence`` (model FLOPs, x3 for training). Warmup steps are excluded from the
+timing, and the device is synchronised around every timed step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from bio_megatron.utils.log import get_logger
+
+if TYPE_CHECKING:
+    import torch
+
+log = get_logger(__name__)
+
+# BERT uncased WordPiece (the vocabulary of BioMegatron's uncased checkpoints); padded to 30,592.
+DEFAULT_VOCAB = 30522
+_SEED = 1234
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from bio_megatron.config.sizes import SIZES
+
+    parser.add_argument("--size", required=True, choices=list(SIZES), help="row of the size table")
+    parser.add_argument("--seq", type=int, default=512, help="sequence length (default 512)")
+    parser.add_argument("--micro-batch", type=int, default=None,
+                        help="sequences per step (default 8 on GPU, 2 on CPU)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps per model (default 20 GPU, 3 CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 GPU, 1 CPU)")
+    parser.add_argument("--precision", default="bf16", choices=["bf16", "16", "fp16", "32"],
+                        help="compute precision on GPU (CPU always runs fp32)")
+    parser.add_argument("--attention", default="auto", choices=["auto", "sdpa", "unfused"],
+                        help="our local spec's core attention (auto: SDPA on GPU, unfused on CPU; TE when present)")
+    parser.add_argument("--hf-attention", default="sdpa", choices=["sdpa", "eager"],
+                        help="HF baseline attention: PyTorch SDPA (patched in) or HF's own eager path")
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="true vocabulary size")
+    parser.add_argument("--binary-head", action="store_true", help="add the NSP head (HF: ForPreTraining)")
+    parser.add_argument("--skip-hf", action="store_true", help="measure only our model")
+    parser.add_argument("--json", default=None, help="write the results here (atomically)")
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _device() -> "torch.device":
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _peak_memory_gib() -> float | None:
+    import torch
+
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def _free_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def time_steps(step: Callable[[], None], steps: int, warmup: int, label: str) -> list[float]:
+    """Seconds per timed step; warmup steps (allocator, kernel selection, optimizer state) are excluded."""
+    for i in range(warmup):
+        step()
+        log.info("%s: warmup step %d/%d", label, i + 1, warmup)
+    _sync()
+    times = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        step()
+        _sync()  # GPU work is asynchronous: time what ran, not what was queued
+        times.append(time.perf_counter() - t0)
+        log.info("%s: step %d/%d %.3f s", label, i + 1, steps, times[-1])
+    return times
+
+
+def synthetic_batch(vocab: int, micro_batch: int, seq: int, binary_head: bool) -> dict[str, "torch.Tensor"]:
+    """A full-length MLM batch in the layout of megatron-core's BERT dataset (15% of positions masked)."""
+    import torch
+
+    g = torch.Generator().manual_seed(_SEED)
+    text = torch.randint(5, vocab, (micro_batch, seq), generator=g)
+    loss_mask = (torch.rand(micro_batch, seq, generator=g) < 0.15).long()
+    loss_mask[:, 1] = 1  # never an empty loss
+    types_ = (torch.arange(seq) >= seq // 2).long().expand(micro_batch, seq).contiguous()
+    return {"text": text, "types": types_, "labels": torch.randint(5, vocab, (micro_batch, seq), generator=g),
+            "loss_mask": loss_mask, "padding_mask": torch.ones(micro_batch, seq, dtype=torch.long),
+            "is_random": torch.zeros(micro_batch, dtype=torch.long) if binary_head else None}
+
+
+def _throughput(times: list[float], micro_batch: int, seq: int, flops_per_seq: float, peak: float | None,
+                measured_peak: float | None) -> dict[str, Any]:
+    dt = sum(times) / len(times)
+    tflops = micro_batch * flops_per_seq / dt / 1e12
+    return {"step_time_s": dt, "step_time_median_s": statistics.median(times), "tokens_per_s": micro_batch * seq / dt,
+            "tflops": tflops, "mfu_datasheet": tflops / peak if peak else None,
+            "mfu_measured_peak": tflops / measured_peak if measured_peak else None,
+            "peak_memory_gib": _peak_memory_gib()}
+
+
+def bench_ours(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[list[float], str]:
+    """Timed full train steps of our stack; returns the step times and the core attention class that ran."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
+    from bio_megatron.training.optimizer import build_optimizer
+    from bio_megatron.training.pretrain import _to_device, build_stage, forward_step
+
+    cfg = PretrainConfig()
+    cfg.trainer.seed = _SEED
+    cfg.model = ModelConfig(size=args.size, encoder_seq_length=args.seq, max_position_embeddings=max(512, args.seq),
+                            micro_batch_size=args.micro_batch, global_batch_size=args.micro_batch,
+                            attention_backend=args.attention, bert_binary_head=args.binary_head)
+    model, ddp = build_stage(cfg, args.vocab_size, dtype)
+    optimizer = build_optimizer(cfg.model.optim, [ddp], dtype, clip_grad=1.0, use_distributed_optimizer=False)
+    batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
+                                                         args.binary_head).items() if v is not None})
+    attention = type(model.encoder.layers[0].self_attention.core_attention).__name__
+    fwd_bwd = get_forward_backward_func()
+    fstep = partial(forward_step, binary_head=args.binary_head)
+
+    def step() -> None:
+        ddp.train()
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        fwd_bwd(forward_step_func=fstep, data_iterator=iter([batch]), model=[ddp], num_microbatches=1,
+                seq_length=args.seq, micro_batch_size=args.micro_batch, forward_only=False)
+        optimizer.step()
+
+    times = time_steps(step, args.steps, args.warmup, f"ours ({attention})")
+    return times, attention
+
+
+def _sdpa_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
+                         past_key_values=None, output_attentions=False, **kwargs):
+    """``MegatronBertSelfAttention.forward`` on ``F.scaled_dot_product_attention`` (encoder self-attention)."""
+    import torch.nn.functional as F
+
+    if encoder_hidden_states is not None or past_key_values is not None:
+        raise ValueError("the SDPA benchmark patch covers encoder self-attention only")
+    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
+    q, k, v = (lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.query, self.key, self.value))
+    if attention_mask is not None and attention_mask.dtype.is_floating_point:
+        attention_mask = attention_mask.to(q.dtype)  # HF builds the additive mask in fp32; SDPA wants q's dtype
+    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask,
+                                         dropout_p=self.dropout.p if self.training else 0.0)
+    return ctx.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.all_head_size), None
+
+
+def use_sdpa_attention(model: "torch.nn.Module") -> int:
+    """Route every HF MegatronBert self-attention through SDPA; returns how many modules were patched."""
+    from transformers.models.megatron_bert.modeling_megatron_bert import MegatronBertSelfAttention
+
+    n = 0
+    for module in model.modules():
+        if isinstance(module, MegatronBertSelfAttention):
+            module.forward = types.MethodType(_sdpa_self_attention, module)
+            n += 1
+    return n
+
+
+def build_hf_model(args: argparse.Namespace, device: "torch.device") -> "torch.nn.Module":
+    """HF ``MegatronBertFor{MaskedLM,PreTraining}`` of the benchmark shape, in fp32, on ``device``."""
+    import torch
+    from transformers import MegatronBertForMaskedLM, MegatronBertForPreTraining
+
+    from bio_megatron.config.sizes import SIZES
+    from bio_megatron.models.hf_convert import hf_config
+
+    cfg = hf_config(SIZES[args.size], args.vocab_size, max(512, args.seq), attn_implementation="eager")
+    torch.manual_seed(_SEED)
+    with device:  # allocate (and initialise) directly on the device
+        model = (MegatronBertForPreTraining if args.binary_head else MegatronBertForMaskedLM)(cfg)
+    if args.hf_attention == "sdpa":
+        use_sdpa_attention(model)
+    return model
+
+
+def bench_hf(args: argparse.Namespace, dtype: "torch.dtype") -> list[float]:
+    """Timed train steps of the HF baseline: autocast forward, backward, clip to 1.0, AdamW."""
+    import torch
+
+    device = _device()
+    model = build_hf_model(args, device).train()
+    on_gpu = device.type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.01, fused=on_gpu)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    b = {k: v.to(device) for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
+                                                     args.binary_head).items() if v is not None}
+    inputs = {"input_ids": b["text"], "attention_mask": b["padding_mask"], "token_type_ids": b["types"],
+              "labels": torch.where(b["loss_mask"].bool(), b["labels"], -100)}
+    if args.binary_head:
+        inputs["next_sentence_label"] = b["is_random"]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(**inputs).loss
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)
+        scaler.update()
+
+    return time_steps(step, args.steps, args.warmup, f"hf ({args.hf_attention})")
+
+
+def measured_matmul_tflops(dtype: "torch.dtype", n: int = 8192, iters: int = 50) -> float | None:
+    """Achievable dense matmul TFLOP/s on this GPU in ``dtype`` (None on CPU, where MFU is not reported)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    a, b = (torch.randn(n, n, device="cuda", dtype=dtype) for _ in range(2))
+    c = torch.empty_like(a)
+    for _ in range(10):  # clocks up, cuBLAS heuristics settled
+        torch.matmul(a, b, out=c)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        torch.matmul(a, b, out=c)
+    end.record()
+    torch.cuda.synchronize()
+    return 2.0 * n**3 * iters / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def _resolve_defaults(args: argparse.Namespace) -> None:
+    import torch
+
+    gpu = torch.cuda.is_available()
+    args.micro_batch = args.micro_batch or (8 if gpu else 2)
+    args.steps = args.steps if args.steps is not None else (20 if gpu else 3)
+    args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
+                (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
+                 ("warmup", args.warmup, 0)) if v < lo]
+    if args.seq > 512:
+        problems.append(f"--seq ({args.seq}) must be <= 512 (max_position_embeddings of Megatron BERT)")
+    if problems:
+        from bio_megatron.utils.errors import ConfigError
+
+        raise ConfigError(problems)
+
+
+def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the whole benchmark in this process and return the results (see module docstring)."""
+    import megatron.core
+    import torch
+    import transformers
+
+    from bio_megatron.config.sizes import SIZES, padded_vocab_size, parameter_count
+    from bio_megatron.models.bert import precision_dtype
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, teardown
+    from bio_megatron.training.metrics import device_peak_tflops, flops_per_sequence
+
+    _resolve_defaults(args)
+    precision = {"fp16": "16"}.get(args.precision, args.precision)
+    dtype = precision_dtype(precision)
+    shape = SIZES[args.size]
+    padded = padded_vocab_size(args.vocab_size)
+    gpu = torch.cuda.is_available()
+    res: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name() if gpu else f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)",
+        "versions": {"torch": torch.__version__, "megatron_core": megatron.core.__version__,
+                     "transformers": transformers.__version__},
+        "command": "bio-megatron bench pretrain " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "pretrain"] else None,
+        "size": args.size, "seq": args.seq, "micro_batch": args.micro_batch, "steps": args.steps,
+        "warmup": args.warmup, "dtype": str(dtype).removeprefix("torch."), "vocab_size": args.vocab_size,
+        "padded_vocab_size": padded, "parameters": parameter_count(shape, padded, max(512, args.seq),
+                                                                  binary_head=args.binary_head),
+        "peak_tflops_datasheet": device_peak_tflops(dtype),
+    }
+    log.info("bench pretrain %s: seq %d, micro-batch %d, %s, %d timed + %d warmup steps on %s", args.size, args.seq,
+             args.micro_batch, res["dtype"], args.steps, args.warmup, res["device"])
+    init_distributed()
+    try:
+        init_model_parallel(1, 1, _SEED)
+        if gpu:  # measured first, while nothing else holds memory; the models need it less than a cold GPU
+            res["peak_tflops_measured_matmul"] = measured_matmul_tflops(dtype if dtype != torch.float32 else torch.bfloat16)
+            log.info("measured matmul peak: %.1f TFLOP/s", res["peak_tflops_measured_matmul"])
+        else:
+            res["peak_tflops_measured_matmul"] = None
+        peak, measured = res["peak_tflops_datasheet"], res["peak_tflops_measured_matmul"]
+        _free_memory()
+        times, attention = bench_ours(args, dtype)
+        res["ours"] = {"attention": attention, **_throughput(times, args.micro_batch, args.seq,
+                                                             flops_per_sequence(shape, args.seq, padded), peak, measured)}
+        _free_memory()
+        if not args.skip_hf:
+            times = bench_hf(args, dtype)
+            res["hf"] = {"attention": args.hf_attention, **_throughput(
+                times, args.micro_batch, args.seq, flops_per_sequence(shape, args.seq, args.vocab_size), peak, measured)}
+            res["ratio_tokens_per_s"] = res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
+            _free_memory()
+    finally:
+        teardown()
+    return res
+
+
+def _pct(x: float | None) -> str:
+    return f"{100 * x:.1f}%" if x is not None else "n/a"
+
+
+def summary_line(res: dict[str, Any]) -> str:
+    """The one-line result: ours, HF and the ratio, MFU against both peaks."""
+    o = res["ours"]
+    line = (f"bench pretrain {res['size']} seq {res['seq']} mb {res['micro_batch']} {res['dtype']} on {res['device']}: "
+            f"ours {o['tokens_per_s']:,.0f} tok/s {o['tflops']:.2f} TFLOP/s MFU {_pct(o['mfu_datasheet'])} "
+            f"(data sheet) {_pct(o['mfu_measured_peak'])} (measured matmul peak)")
+    if "hf" in res:
+        h = res["hf"]
+        line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {h['tflops']:.2f} TFLOP/s | "
+                 f"ours/HF {res['ratio_tokens_per_s']:.2f}x")
+    return line
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Temp file in the target directory, then rename: a reader never sees a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2)
+            fh.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    """CLI entry: benchmark, optionally write ``--json``, print the summary line (the command's result)."""
+    res = benchmark(args)
+    if args.json:
+        write_json_atomic(args.json, res)
+        log.info("results written to %s", args.json)
+    sys.stdout.write(summary_line(res) + "\n")
+    return 0
