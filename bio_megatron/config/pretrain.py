@@ -215,8 +215,14 @@ def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), wor
     """Recipe + overrides -> validated ``PretrainConfig`` (raises ConfigError listing every problem)."""
     raw = load_yaml_recipe(path) if path else {}
     raw = deep_merge(raw, parse_overrides(list(overrides)))
-    cfg = from_dict(PretrainConfig, raw)
-    validate(cfg, world_size)
+    problems: list[str] = []
+    cfg = from_dict(PretrainConfig, raw, problems=problems)
+    try:  # layout checks run on what parsed, so unknown keys and impossible layouts are reported together
+        validate(cfg, world_size)
+    except ConfigError as exc:
+        problems.extend(p for p in exc.problems if p not in problems)
+    if problems:
+        raise ConfigError(problems, str(path) if path else None)
     return cfg
 
 
