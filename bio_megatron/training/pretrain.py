@@ -52,9 +52,15 @@ def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     m = cfg.model
     model = build_model(m, vocab_size, dtype)
     init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
+    stage = model
+    if dtype != torch.float32:
+        # As megatron's trainer: fp16/bf16 weights, with fp32 outputs handed to the loss.
+        from megatron.core.transformer.module import Float16Module
+
+        stage = Float16Module(model.config, model)
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=m.use_distributed_optimizer)
-    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=model)
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=stage)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     return model, ddp
