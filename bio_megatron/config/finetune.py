@@ -1,0 +1,230 @@
+"""Fine-tuning configs (NER, RE, QA) with NeMo's key names, on top of the pretraining dataclasses.
+
+The encoder block reuses :class:`ModelConfig` (size, TP/PP, dropout, tokenizer, optim, ``restore_from_path``);
+each task adds NeMo's ``model.dataset`` keys and its head (``model.head`` for token classification and QA,
+``model.classifier_head`` for RE). ``model.fc_hidden_size`` is the paper's MLP width (NeMo's was always
+the encoder width: ``null``). ``grid`` lists values that ``--grid`` sweeps and selects on dev.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from bio_megatron.config.loader import deep_merge, from_dict, load_yaml_recipe, parse_overrides
+from bio_megatron.config.pretrain import ExpManagerConfig, ModelConfig, SchedConfig, OptimConfig, TrainerConfig
+from bio_megatron.config.pretrain import validate as validate_encoder
+from bio_megatron.utils.errors import ConfigError
+
+TASKS = ("ner", "re", "qa")
+
+
+@dataclass
+class FinetuneTrainerConfig(TrainerConfig):
+    max_epochs: int = 30
+    max_steps: int = -1
+    """-1: max_epochs x steps per epoch."""
+    val_check_interval: int = 0
+    """Evaluate on dev every N optimizer steps; 0 = at the end of every epoch."""
+    precision: Literal["32", "16", "bf16", "16-mixed", "bf16-mixed"] | int = 32
+
+
+@dataclass
+class FinetuneExpManagerConfig(ExpManagerConfig):
+    resume_if_exists: bool = False
+
+
+@dataclass
+class HeadConfig:
+    """NeMo's TokenClassifier: dropout on every token's hidden state, then an MLP."""
+
+    num_fc_layers: int = 2
+    """Linear layers in the MLP, counting the output layer (1 = a single linear classifier)."""
+    fc_dropout: float = 0.5
+    activation: Literal["relu", "gelu", "tanh"] = "relu"
+    use_transformer_init: bool = True
+    """True: N(0, init_method_std) weights, zero biases; False: PyTorch's default Linear init."""
+
+
+@dataclass
+class ClassifierHeadConfig:
+    """NeMo's SequenceClassifier over the [CLS] position."""
+
+    num_output_layers: int = 2
+    fc_dropout: float = 0.1
+    activation: Literal["relu", "gelu", "tanh"] = "relu"
+    use_transformer_init: bool = True
+
+
+@dataclass
+class NerDatasetConfig:
+    data_dir: str = "../shared/data/ner/BC5CDR-chem"
+    format: Literal["iob", "nemo"] = "iob"
+    """iob: ``token<TAB>tag`` files; nemo: ``text_<split>.txt`` with ``labels_<split>.txt`` beside it."""
+    train_file: str = "train.tsv"
+    dev_file: str = "devel.tsv"
+    test_file: str | None = "test.tsv"
+    max_seq_length: int = 128
+    pad_label: str = "O"
+    ignore_extra_tokens: bool = False
+    """False: every sub-token carries its word's label; True: only the first sub-token is labelled."""
+    ignore_start_end: bool = True
+    class_balancing: Literal["weighted_loss"] | None = None
+    max_train_examples: int | None = None
+    """Use only the first N training sentences (tests, quick checks)."""
+    max_eval_examples: int | None = None
+
+
+@dataclass
+class ReDatasetConfig:
+    data_dir: str = "../shared/data/re/chemprot-scibert"
+    format: Literal["scibert", "chemprot_original", "nemo"] = "scibert"
+    train_file: str = "train.txt"
+    """A file (scibert JSONL, NeMo tsv) or, for chemprot_original, a split directory."""
+    dev_file: str = "dev.txt"
+    test_file: str | None = "test.txt"
+    max_seq_length: int = 128
+    class_balancing: Literal["weighted_loss"] | None = None
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+
+
+@dataclass
+class QaDatasetConfig:
+    data_dir: str = "../shared/data/qa/squad-v2"
+    train_file: str = "train-v2.0.json"
+    dev_file: str = "dev-v2.0.json"
+    test_file: str | None = None
+    version_2_with_negative: bool = True
+    doc_stride: int = 128
+    max_query_length: int = 64
+    max_seq_length: int = 384
+    max_answer_length: int = 30
+    n_best_size: int = 20
+    null_score_diff_threshold: float = 0.0
+    bioasq_golden: str | None = None
+    """Official BioASQ golden JSON: dev/test are then scored as BioASQ factoid (SAcc, LAcc, MRR)."""
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+
+
+def _finetune_optim() -> OptimConfig:
+    return OptimConfig(name="adam", lr=5e-5, weight_decay=0.0, sched=SchedConfig(name="linear", warmup_ratio=0.1))
+
+
+@dataclass
+class FinetuneModelConfig(ModelConfig):
+    size: str = "345m"
+    micro_batch_size: int = 32
+    global_batch_size: int = 32
+    fc_hidden_size: int | None = None
+    """Width of the head's hidden layers (the paper swept 512 and 1024); null = encoder width (NeMo)."""
+    optim: OptimConfig = field(default_factory=_finetune_optim)
+
+
+@dataclass
+class NerModelConfig(FinetuneModelConfig):
+    dataset: NerDatasetConfig = field(default_factory=NerDatasetConfig)
+    head: HeadConfig = field(default_factory=HeadConfig)
+
+
+@dataclass
+class ReModelConfig(FinetuneModelConfig):
+    dataset: ReDatasetConfig = field(default_factory=ReDatasetConfig)
+    classifier_head: ClassifierHeadConfig = field(default_factory=ClassifierHeadConfig)
+
+
+@dataclass
+class QaModelConfig(FinetuneModelConfig):
+    dataset: QaDatasetConfig = field(default_factory=QaDatasetConfig)
+    head: HeadConfig = field(default_factory=lambda: HeadConfig(num_fc_layers=1, fc_dropout=0.1))
+
+
+@dataclass
+class GridConfig:
+    num_fc_layers: list[int] = field(default_factory=lambda: [1, 2])
+    fc_hidden_size: list[int] = field(default_factory=lambda: [512, 1024])
+
+
+@dataclass
+class _FinetuneBase:
+    name: str = "finetune"
+    task: Literal["ner", "re", "qa"] = "ner"
+    trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
+    exp_manager: FinetuneExpManagerConfig = field(default_factory=FinetuneExpManagerConfig)
+    grid: GridConfig = field(default_factory=GridConfig)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.exp_manager.exp_dir) / self.exp_manager.name
+
+
+@dataclass
+class NerConfig(_FinetuneBase):
+    model: NerModelConfig = field(default_factory=NerModelConfig)
+
+
+@dataclass
+class ReConfig(_FinetuneBase):
+    task: Literal["ner", "re", "qa"] = "re"
+    model: ReModelConfig = field(default_factory=ReModelConfig)
+
+
+@dataclass
+class QaConfig(_FinetuneBase):
+    task: Literal["ner", "re", "qa"] = "qa"
+    model: QaModelConfig = field(default_factory=QaModelConfig)
+
+
+CONFIG_CLASSES = {"ner": NerConfig, "re": ReConfig, "qa": QaConfig}
+FinetuneConfig = NerConfig | ReConfig | QaConfig
+
+
+def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
+    """Encoder/layout checks of the pretraining config plus the task's own, all reported together."""
+    problems: list[str] = []
+    m, d = cfg.model, cfg.model.dataset
+    try:
+        validate_encoder(cfg, world_size)  # duck-typed: reads cfg.model / cfg.trainer only
+    except ConfigError as exc:
+        # max_steps=-1 is valid here (derived from max_epochs).
+        problems.extend(p for p in exc.problems if not p.startswith("trainer.max_steps (-1)"))
+    if d.max_seq_length > m.max_position_embeddings:
+        problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
+                        f"({m.max_position_embeddings})")
+    if cfg.trainer.max_steps < 0 and cfg.trainer.max_epochs < 1:
+        problems.append(f"trainer.max_epochs ({cfg.trainer.max_epochs}) must be >= 1 when trainer.max_steps is -1")
+    if m.fc_hidden_size is not None and m.fc_hidden_size < 1:
+        problems.append(f"model.fc_hidden_size ({m.fc_hidden_size}) must be >= 1 or null")
+    head = getattr(m, "head", None)
+    layers = head.num_fc_layers if head is not None else m.classifier_head.num_output_layers
+    key = "model.head.num_fc_layers" if head is not None else "model.classifier_head.num_output_layers"
+    if layers < 1:
+        problems.append(f"{key} ({layers}) must be >= 1 (it counts the output layer)")
+    dropout = head.fc_dropout if head is not None else m.classifier_head.fc_dropout
+    if not 0.0 <= dropout < 1.0:
+        problems.append(f"head fc_dropout ({dropout}) must be in [0, 1)")
+    if cfg.task == "qa":
+        if d.doc_stride < 1 or d.max_query_length < 1 or d.max_answer_length < 1 or d.n_best_size < 1:
+            problems.append(f"model.dataset.doc_stride ({d.doc_stride}), max_query_length ({d.max_query_length}), "
+                            f"max_answer_length ({d.max_answer_length}) and n_best_size ({d.n_best_size}) must be >= 1")
+        if d.max_query_length + 3 >= d.max_seq_length:
+            problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
+                            f"max_seq_length ({d.max_seq_length})")
+    if problems:
+        raise ConfigError(problems)
+
+
+def load_finetune_config(task: str, path: str | Path | None, overrides: list[str] = (),
+                         world_size: int | None = None) -> FinetuneConfig:
+    """Recipe + ``key=value`` overrides -> validated task config (every problem reported at once)."""
+    if task not in CONFIG_CLASSES:
+        raise ConfigError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
+    raw = load_yaml_recipe(path) if path else {}
+    raw = deep_merge(raw, parse_overrides(list(overrides)))
+    if raw.get("task", task) != task:
+        raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
+    cfg = from_dict(CONFIG_CLASSES[task], raw)
+    validate(cfg, world_size)
+    return cfg

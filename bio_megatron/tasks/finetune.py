@@ -1,0 +1,224 @@
+"""Fine-tuning loop shared by NER, RE and QA: set-up around ``training.loop.train``, dev evaluation with the
+task's official-equivalent metric, best checkpoint kept by that metric, test evaluation of the best.
+
+A task object (``tasks/ner.py``, ``re.py``, ``qa.py``) supplies the data splits, ``collate``, ``loss``,
+``outputs`` (per-example predictions from logits) and ``score``. Every rank builds the same global batch
+from the same seed; each data-parallel rank takes its share, cut into micro-batches.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state as ps
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+
+from bio_megatron.config.finetune import FinetuneConfig, validate
+from bio_megatron.data.pretrain import resolve_vocab
+from bio_megatron.models.bert import precision_dtype
+from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+from bio_megatron.tasks.heads import build_head
+from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_model, load_into, resolve_source,
+                                      task_padded_vocab)
+from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training.loop import LoopState, run_batches, train
+from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.io import write_json_atomic
+from bio_megatron.utils.log import get_logger
+from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+log = get_logger(__name__)
+
+
+def make_task(cfg: FinetuneConfig, tokenizer, labels: list[str] | None):
+    if cfg.task == "ner":
+        from bio_megatron.tasks.ner import NerTask
+        return NerTask(cfg, tokenizer, labels)
+    if cfg.task == "re":
+        from bio_megatron.tasks.re import ReTask
+        return ReTask(cfg, tokenizer, labels)
+    from bio_megatron.tasks.qa import QaTask
+    return QaTask(cfg, tokenizer)
+
+
+def _to_device(batch: dict) -> dict:
+    return {k: v.cuda(non_blocking=True) for k, v in batch.items()} if torch.cuda.is_available() else batch
+
+
+def forward_step(data_iterator, model, task, keep_outputs: bool):
+    """One micro-batch through encoder + head; on the last stage the task loss (and, for evaluation, the
+    per-example predictions) are reported."""
+    b = _to_device(next(data_iterator))
+    out = model(b["input_ids"], b["attention_mask"], b["tokentype_ids"])
+    if not ps.is_pipeline_last_stage():
+        return out, None
+    loss = task.loss(out, b)
+    report = {"loss": loss.detach().clone()}
+    if keep_outputs:
+        report["outputs"] = list(zip(b["index"].tolist(), task.outputs(out.detach().float(), b)))
+    return loss, lambda output: (output, report)
+
+
+class Batches:
+    """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
+
+    def __init__(self, task, cfg: FinetuneConfig):
+        m = cfg.model
+        self.task, self.seed = task, cfg.trainer.seed
+        self.mbs, self.gbs = m.micro_batch_size, m.global_batch_size
+        self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        self.max_len = m.dataset.max_seq_length
+        n = len(task.train.features)
+        self.steps_per_epoch = max(1, n // self.gbs)
+        self.state: LoopState | None = None  # run_batches reads seq_length from it
+
+    def _micro(self, split, indices: list[int]) -> list[dict]:
+        seq = max(self.task.length(split, max(i, 0)) for i in indices)
+        seq = min(self.max_len, int(math.ceil(seq / 8) * 8))  # same on every rank: one p2p shape per step
+        self.state.seq_length = seq
+        per = len(indices) // self.dp
+        mine = indices[self.dp_rank * per:(self.dp_rank + 1) * per]
+        return [self.task.collate(split, mine[k:k + self.mbs], seq) for k in range(0, len(mine), self.mbs)]
+
+    def train(self, step: int) -> list[dict]:
+        n = len(self.task.train.features)
+        epoch, within = divmod(step, self.steps_per_epoch)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)).tolist()
+        idx = [perm[(within * self.gbs + k) % n] for k in range(self.gbs)]
+        return self._micro(self.task.train, idx)
+
+    def eval_groups(self, split, n: int):
+        """All examples in groups of ``micro x DP`` (padded with index -1 rows that are dropped later)."""
+        size = self.mbs * self.dp
+        for start in range(0, n, size):
+            idx = list(range(start, min(n, start + size)))
+            yield self._micro(split, idx + [-1] * (size - len(idx)))
+
+
+@torch.no_grad()
+def predict_split(state: LoopState, batches: Batches, split, n: int) -> list:
+    """Per-example outputs of ``split`` in order, gathered from the last stage's TP-rank-0 processes."""
+    state.model.eval()
+    mine = []
+    for mbs in batches.eval_groups(split, n):
+        for rec in run_batches(state, mbs, forward_only=True):
+            mine.extend(rec["outputs"])
+    state.model.train()
+    keep = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, mine if keep else [])
+    merged = {i: o for part in gathered for i, o in part if i >= 0}
+    return [merged[i] for i in range(n)]
+
+
+def _split_size(task, split) -> int:
+    return len(split.features) if hasattr(split, "features") else len(split)
+
+
+def setup(cfg: FinetuneConfig):
+    """Distributed init, source inspection, tokenizer, task data, model, DDP, optimizer, scheduler."""
+    world = init_distributed()
+    m, t = cfg.model, cfg.trainer
+    src: Source | None = resolve_source(m.restore_from_path) if m.restore_from_path else None
+    if src is not None:
+        apply_source_shape(m, src)
+    validate(cfg, world.world_size)
+    init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
+    vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
+    tokenizer = WordPieceTokenizer(vocab_file, m.tokenizer.do_lower_case)
+    same_task = src is not None and src.task == cfg.task
+    task = make_task(cfg, tokenizer, src.labels if same_task else None)
+    dtype = precision_dtype(t.precision)
+    padded = task_padded_vocab(m, tokenizer.vocab_size, src)
+    head = build_head(cfg.task, m, m.shape().hidden_size, task.num_classes)
+    model = build_task_model(m, padded, head, dtype, t.seed)
+    if src is not None:
+        load_into(model, src, encoder_only=not same_task)
+        log.info("restored %s from %s (%s)", "encoder + head" if same_task else "encoder", src.path, src.kind)
+    ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer))
+    model.config.finalize_model_grads_func = finalize_model_grads
+    model.config.no_sync_func = ddp.no_sync
+    return world, tokenizer, task, model, ddp, dtype, padded
+
+
+def run_finetuning(cfg: FinetuneConfig) -> dict:
+    """Fine-tune in this process (one rank of the world). Returns ``{"dev": best dev scores, "test": scores of
+    the best checkpoint on test (if a test file is set), "best_step", "checkpoint", "history"}``."""
+    world, tokenizer, task, model, ddp, dtype, padded = setup(cfg)
+    m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
+    batches = Batches(task, cfg)
+    max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * batches.steps_per_epoch
+    every = t.val_check_interval or batches.steps_per_epoch
+    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
+    scheduler = build_scheduler(optimizer, m.optim, max_steps)
+    layout = ckpt.Layout.current(m.use_distributed_optimizer)
+    run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
+    is_writer = world.rank == 0
+    if is_writer:
+        shutil.rmtree(ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
+    dev = task.split("dev")
+    if dev is None:
+        raise ConfigError("model.dataset.dev_file is required: the best checkpoint is chosen on dev")
+    state = LoopState(model=ddp, optimizer=optimizer, scheduler=scheduler,
+                      forward_step=partial(forward_step, task=task, keep_outputs=False),
+                      train_batches=batches.train, valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
+                      micro_batch_size=m.micro_batch_size, max_steps=max_steps)
+    batches.state = state
+    eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
+    best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
+    history: list[dict] = []
+    meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
+            "labels": getattr(task, "labels", None)}
+
+    def evaluate_dev(step: int) -> None:
+        batches.state = eval_state
+        scores = task.score(dev, predict_split(eval_state, batches, dev, _split_size(task, dev)))
+        batches.state = state
+        value = float(scores[task.metric])
+        history.append({"step": step, "dev_" + task.metric: value})
+        log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
+        if value > best["metric"]:
+            old = best["path"]
+            path = ckpt.save_checkpoint(ckpt_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file,
+                                        layout, meta)
+            if is_writer:
+                if getattr(task, "labels", None):
+                    (path / "label_ids.csv").write_text("\n".join(task.labels) + "\n", encoding="utf-8")
+                if old is not None and Path(old) != path:
+                    shutil.rmtree(old, ignore_errors=True)
+            dist.barrier()
+            best.update(metric=value, step=step, dev=scores, path=path)
+
+    def on_step(s: int, loss: float, lr: float, gnorm: float | None) -> None:
+        history.append({"step": s, "loss": loss, "lr": lr})
+        if s % t.log_every_n_steps == 0 or s == 1 or s == max_steps:
+            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s", s, max_steps, loss, lr,
+                     f"{gnorm:.3f}" if gnorm is not None else "-")
+
+    state.hooks = {"on_step": on_step, "should_validate": lambda s: s % every == 0 or s == max_steps,
+                   "on_validate": lambda s, _: evaluate_dev(s), "val_batches": 0,
+                   "should_save": lambda s: False, "save": lambda s: None, "should_stop": lambda: False}
+    log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d", cfg.task,
+             len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
+             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size())
+    t0 = time.perf_counter()
+    train(state)
+    result = {"task": cfg.task, "best_step": best["step"], "dev": best["dev"], "checkpoint": str(best["path"]),
+              "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
+    test = task.split("test")
+    if test is not None:
+        ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)
+        batches.state = eval_state
+        result["test"] = task.score(test, predict_split(eval_state, batches, test, _split_size(task, test)))
+    if is_writer:
+        write_json_atomic(run_dir / "results.json", result)
+    ckpt.shutdown_writer()
+    return result

@@ -1,0 +1,207 @@
+"""Encoder + task head on megatron-core, at any TP/PP layout, and every way to fill its weights.
+
+:class:`TaskModel` holds exactly the parameter names of megatron-core's ``BertModel`` encoder
+(``embedding.*``, ``encoder.layers.*``, ``encoder.final_layernorm.*``) plus ``head.*`` on the last
+pipeline stage, so a pretraining checkpoint's shards load into it directly (at any layout, through
+dist-checkpointing) and a fine-tuned checkpoint round-trips. The head is a plain ``nn.Module``:
+megatron treats it as replicated across tensor-parallel ranks (identical inputs, identical grads, counted
+once in the gradient norm).
+
+Sources (``model.restore_from_path``): a BioMegatron pretraining or fine-tuning checkpoint (directory,
+``checkpoints`` folder or run directory) or a Hugging Face ``MegatronBert*`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from megatron.core import dist_checkpointing
+from megatron.core import parallel_state as ps
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import ModelType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_block import TransformerBlock
+from torch import nn
+
+from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.bert import layer_spec, transformer_config
+from bio_megatron.models.init import init_weights
+from bio_megatron.tasks.heads import pytorch_default_init
+from bio_megatron.training.checkpoint import read_metadata
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+_SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+               "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by")
+
+
+class TaskModel(MegatronModule):
+    """This rank's stage of BERT encoder + head; returns hidden states between stages, head logits at the end."""
+
+    def __init__(self, m: ModelConfig, padded_vocab: int, head: nn.Module | None, dtype: torch.dtype,
+                 pre_process: bool, post_process: bool):
+        super().__init__(config=transformer_config(m, dtype))
+        self.pre_process, self.post_process = pre_process, post_process
+        self.model_type = ModelType.encoder_or_decoder  # what megatron's schedules expect of BERT
+        self.share_embeddings_and_output_weights = False  # no LM output layer: nothing tied across stages
+        spec = layer_spec(m)
+        core = spec.submodules.self_attention.submodules.core_attention
+        # megatron's unfused attention wants [b,1,s,s]; SDPA/Transformer Engine a key-padding mask [b,1,1,s].
+        self.mask_dims = "b1ss" if core is DotProductAttention else "b11s"
+        if pre_process:
+            self.embedding = LanguageModelEmbedding(config=self.config, vocab_size=padded_vocab,
+                                                    max_sequence_length=m.max_position_embeddings,
+                                                    position_embedding_type="learned_absolute",
+                                                    num_tokentypes=m.num_tokentypes)
+        self.encoder = TransformerBlock(config=self.config, spec=spec, pre_process=pre_process,
+                                        post_process=post_process)
+        if post_process:
+            self.head = head
+
+    def set_input_tensor(self, input_tensor) -> None:
+        if isinstance(input_tensor, list):
+            input_tensor = input_tensor[0]
+        self.encoder.set_input_tensor(input_tensor)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
+        mask = attention_mask.unsqueeze(1)
+        mask = (mask.unsqueeze(2) * mask.unsqueeze(3)) if self.mask_dims == "b1ss" else mask.unsqueeze(1)
+        hidden = None
+        if self.pre_process:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+            hidden = self.embedding(input_ids=input_ids, position_ids=positions, tokentype_ids=tokentype_ids)
+        hidden = self.encoder(hidden_states=hidden, attention_mask=mask < 0.5)
+        if not self.post_process:
+            return hidden
+        return self.head(hidden.transpose(0, 1))  # [s, b, h] -> [b, s, h]
+
+
+# --- sources -------------------------------------------------------------------------------------
+@dataclass
+class Source:
+    """What ``restore_from_path`` points at, with the encoder shape and files it brings."""
+
+    kind: str                      # "checkpoint" | "hf"
+    path: Path
+    shape: dict = field(default_factory=dict)   # ModelConfig fields to take over
+    vocab_file: Path | None = None
+    labels: list[str] | None = None
+    task: str | None = None        # None = pretraining checkpoint / base HF model
+    padded_vocab: int | None = None
+    head: dict | None = None       # the fine-tuned checkpoint's model.head / classifier_head / fc_hidden_size
+
+
+def resolve_source(path: str | Path) -> Source:
+    """Inspect a checkpoint or HF folder (raises CheckpointError naming the path when it is neither)."""
+    path = Path(path)
+    if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
+        cfg = json.loads((path / "config.json").read_text())
+        if cfg.get("model_type") != "megatron-bert":
+            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected 'megatron-bert'")
+        shape = {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
+                 "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
+                 "max_position_embeddings": cfg["max_position_embeddings"], "num_tokentypes": cfg["type_vocab_size"],
+                 "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12)}
+        arch = (cfg.get("architectures") or [""])[0]
+        task = {"MegatronBertForTokenClassification": "ner", "MegatronBertForSequenceClassification": "re",
+                "MegatronBertForQuestionAnswering": "qa"}.get(arch)
+        labels = None
+        if task in ("ner", "re") and cfg.get("id2label"):
+            labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
+        vocab = path / "vocab.txt"
+        return Source("hf", path, shape, vocab if vocab.is_file() else None, labels, task)
+    meta = read_metadata(path)
+    ckpt = Path(meta["path"])
+    cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
+    model = cfg.get("model", {})
+    shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
+    labels = None
+    if (ckpt / "label_ids.csv").is_file():
+        labels = (ckpt / "label_ids.csv").read_text(encoding="utf-8").splitlines()
+    head = None
+    if meta.get("task"):
+        head = {k: model[k] for k in ("head", "classifier_head", "fc_hidden_size") if k in model}
+    return Source("checkpoint", ckpt, shape, ckpt / "vocab.txt", labels, meta.get("task"),
+                  meta.get("padded_vocab_size"), head)
+
+
+def apply_source_shape(m: ModelConfig, src: Source) -> None:
+    """The encoder shape comes from the weights being loaded, not from the recipe."""
+    for k, v in src.shape.items():
+        setattr(m, k, v)
+
+
+def task_padded_vocab(m: ModelConfig, vocab_size: int, src: Source | None) -> int:
+    """Keep the checkpoint's padded vocabulary when this TP size divides it (dist-checkpointing then loads
+    the embedding shards unchanged); otherwise Megatron's rule (multiple of 128 x TP)."""
+    tp = m.tensor_model_parallel_size
+    if src is not None and src.padded_vocab and src.padded_vocab % tp == 0 and src.padded_vocab >= vocab_size:
+        return int(src.padded_vocab)
+    return padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
+
+
+def build_task_model(m: ModelConfig, padded_vocab: int, head: nn.Module, dtype: torch.dtype, seed: int,
+                     pre_process: bool | None = None, post_process: bool | None = None) -> TaskModel:
+    """This rank's stage, weights initialised layout-invariantly (encoder and head)."""
+    pre = ps.is_pipeline_first_stage() if pre_process is None else pre_process
+    post = ps.is_pipeline_last_stage() if post_process is None else post_process
+    model = TaskModel(m, padded_vocab, head if post else None, dtype, pre, post)
+    init_weights(model, seed, m.init_method_std, m.shape().num_layers)
+    if post and not getattr(head, "use_transformer_init", True):
+        pytorch_default_init(model.head, "head.", seed)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if dtype != torch.float32:
+        model.to(dtype)
+    return model
+
+
+def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
+    """Fill ``model`` from ``src``; ``encoder_only`` keeps the (fresh) head, e.g. from a pretraining checkpoint."""
+    if src.kind == "hf":
+        from bio_megatron.export.hf import read_hf_state
+
+        full = read_hf_state(src.path, model)
+        load_full_state(model, full, skip_prefix="head." if encoder_only else None)
+        return
+    sharded = model.sharded_state_dict()
+    wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
+    try:
+        state = dist_checkpointing.load(wanted, str(src.path))
+    except Exception as exc:  # megatron raises many types for missing keys / mismatched shapes
+        raise CheckpointError(f"{src.path}: cannot load into this model ({type(exc).__name__}: {exc})") from exc
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not (encoder_only and k.startswith("head.")) and not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(f"{src.path}: weights do not match the model (missing {missing[:5]}, "
+                              f"unexpected {list(unexpected)[:5]})")
+
+
+@torch.no_grad()
+def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix: str | None = None) -> None:
+    """Copy an unsharded (TP1, per-layer) state dict into this rank's shards, using the same global
+    key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout."""
+    for key, sh in model.sharded_state_dict().items():
+        if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
+            continue
+        if sh.key in full:
+            value = full[sh.key]
+        elif sh.key.startswith("encoder.layers."):
+            rest = sh.key[len("encoder.layers."):]
+            value = torch.stack([full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])])
+        else:
+            raise CheckpointError(f"weight {sh.key} is missing from the source")
+        if tuple(value.shape) != tuple(sh.global_shape):  # vocabulary padding differs: zero-pad the rows
+            pad = torch.zeros(sh.global_shape, dtype=value.dtype)
+            pad[: value.shape[0]] = value
+            value = pad
+        sh.data.copy_(value[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))

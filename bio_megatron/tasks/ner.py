@@ -1,0 +1,107 @@
+"""NER fine-tuning: IOB/NeMo data -> sub-token features -> token-classifier loss -> conlleval entity F1."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bio_megatron.evaluation.conlleval import evaluate_sequences
+from bio_megatron.tasks.heads import token_loss
+from bio_megatron.tasks.ner_data import (IGNORE_INDEX, NerFeature, Sentence, build_label_map, class_weights,
+                                         encode_sentences, read_iob, read_nemo, word_predictions)
+from bio_megatron.utils.errors import DataError
+
+
+def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sentence]:
+    """One split in the configured format (``iob`` file or NeMo ``text_*.txt`` + ``labels_*.txt``)."""
+    path = Path(d.data_dir) / name
+    if d.format == "nemo":
+        labels_path = path.with_name(path.name.replace("text_", "labels_", 1))
+        if labels_path == path:
+            raise DataError("NeMo NER files must be named text_<split>.txt (labels in labels_<split>.txt)", str(path))
+        return read_nemo(path, labels_path, labels)
+    return read_iob(path, labels)
+
+
+@dataclass
+class NerSplit:
+    sentences: list[Sentence]
+    features: list[NerFeature]
+
+
+class NerTask:
+    """Everything NER-specific the shared fine-tuning loop needs."""
+
+    name = "ner"
+    metric = "f1"
+
+    def __init__(self, cfg, tokenizer, labels: list[str] | None = None):
+        self.d = cfg.model.dataset
+        self.tokenizer = tokenizer
+        train = read_split(self.d, self.d.train_file)[: self.d.max_train_examples]
+        if labels is None:
+            label_map = build_label_map(train, self.d.pad_label)
+        else:
+            if labels[0] != self.d.pad_label:
+                raise DataError(f"the restored model's label 0 is {labels[0]!r}, but pad_label is {self.d.pad_label!r}")
+            label_map = {t: i for i, t in enumerate(labels)}
+        self.labels = sorted(label_map, key=label_map.get)
+        self.label_map = label_map
+        self.weights = (torch.tensor(class_weights(train, label_map), dtype=torch.float32)
+                        if self.d.class_balancing == "weighted_loss" else None)
+        self.train = self._encode(train)
+        self.splits = {"train": self.train}
+
+    def _encode(self, sentences: list[Sentence]) -> NerSplit:
+        return NerSplit(sentences, encode_sentences(sentences, self.tokenizer, self.label_map, self.d.max_seq_length,
+                                                    self.d.ignore_extra_tokens, self.d.ignore_start_end))
+
+    def split(self, name: str) -> NerSplit | None:
+        """dev/test split, read on first use (tags must be in the training label map)."""
+        if name not in self.splits:
+            file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
+            if not file:
+                return None
+            sents = read_split(self.d, file, self.labels)[: self.d.max_eval_examples]
+            self.splits[name] = self._encode(sents)
+        return self.splits[name]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+    def length(self, split: NerSplit, i: int) -> int:
+        return len(split.features[i].input_ids)
+
+    def collate(self, split: NerSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
+        n = len(indices)
+        ids = torch.zeros(n, seq_len, dtype=torch.long)
+        labels = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
+        mask = torch.zeros(n, seq_len, dtype=torch.long)
+        for r, i in enumerate(indices):
+            f = split.features[max(i, 0)]
+            L = len(f.input_ids)
+            ids[r, :L] = torch.tensor(f.input_ids)
+            labels[r, :L] = torch.tensor(f.labels)
+            mask[r, :L] = 1
+        return {"input_ids": ids, "attention_mask": mask, "tokentype_ids": torch.zeros_like(ids),
+                "labels": labels, "index": torch.tensor(indices)}
+
+    def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        w = self.weights.to(logits.device) if self.weights is not None else None
+        return token_loss(logits, batch["labels"], w)
+
+    def outputs(self, logits: torch.Tensor, batch: dict) -> list:
+        """Per-example argmax label ids over the real (unpadded) positions."""
+        pred = logits.argmax(-1).cpu()
+        lens = batch["attention_mask"].sum(-1).tolist()
+        return [pred[r, :L].tolist() for r, L in enumerate(lens)]
+
+    def word_tags(self, split: NerSplit, outputs: list) -> list[list[str]]:
+        return [[self.labels[t] for t in word_predictions(o, f)] for o, f in zip(outputs, split.features)]
+
+    def score(self, split: NerSplit, outputs: list) -> dict:
+        """conlleval's entity-level precision/recall/F1 (percent) over per-word predictions."""
+        return evaluate_sequences([s.tags for s in split.sentences], self.word_tags(split, outputs))
