@@ -122,6 +122,28 @@ def _split_size(task, split) -> int:
     return len(split.features) if hasattr(split, "features") else len(split)
 
 
+def adopt_head_structure(m, src: Source) -> None:
+    """Continuing from a checkpoint of the same task (e.g. BioASQ after SQuAD) keeps its head's shape."""
+    if src.kind == "hf":
+        from bio_megatron.export.hf import task_config_for_hf
+
+        saved = {"head": getattr(task_config_for_hf(src).model, "head", None),
+                 "classifier_head": getattr(task_config_for_hf(src).model, "classifier_head", None),
+                 "fc_hidden_size": None}
+        saved = {k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in saved.items()}
+    else:
+        saved = src.head or {}
+    structural = ("num_fc_layers", "num_output_layers", "activation")
+    for block in ("head", "classifier_head"):
+        if saved.get(block) and hasattr(m, block):
+            for k in structural:
+                if k in saved[block] and getattr(getattr(m, block), k) != saved[block][k]:
+                    log.info("model.%s.%s=%s taken from %s", block, k, saved[block][k], src.path)
+                    setattr(getattr(m, block), k, saved[block][k])
+    if "fc_hidden_size" in saved:
+        m.fc_hidden_size = saved["fc_hidden_size"]
+
+
 def setup(cfg: FinetuneConfig):
     """Distributed init, source inspection, tokenizer, task data, model, DDP, optimizer, scheduler."""
     world = init_distributed()
@@ -134,6 +156,8 @@ def setup(cfg: FinetuneConfig):
     vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
     tokenizer = WordPieceTokenizer(vocab_file, m.tokenizer.do_lower_case)
     same_task = src is not None and src.task == cfg.task
+    if same_task:
+        adopt_head_structure(m, src)
     task = make_task(cfg, tokenizer, src.labels if same_task else None)
     dtype = precision_dtype(t.precision)
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)

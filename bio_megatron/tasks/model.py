@@ -32,6 +32,7 @@ from torch import nn
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.bert import layer_spec, transformer_config
+from bio_megatron.models.hf_convert import _TE_ALIASES
 from bio_megatron.models.init import init_weights
 from bio_megatron.tasks.heads import pytorch_default_init
 from bio_megatron.training.checkpoint import read_metadata
@@ -51,6 +52,7 @@ class TaskModel(MegatronModule):
         super().__init__(config=transformer_config(m, dtype))
         self.pre_process, self.post_process = pre_process, post_process
         self.model_type = ModelType.encoder_or_decoder  # what megatron's schedules expect of BERT
+        self.shape, self.padded_vocab = m.shape(), padded_vocab
         self.share_embeddings_and_output_weights = False  # no LM output layer: nothing tied across stages
         spec = layer_spec(m)
         core = spec.submodules.self_attention.submodules.core_attention
@@ -170,13 +172,13 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
     if src.kind == "hf":
         from bio_megatron.export.hf import read_hf_state
 
-        full = read_hf_state(src.path, model)
+        full = read_hf_state(src.path, model.shape, model.padded_vocab)
         load_full_state(model, full, skip_prefix="head." if encoder_only else None)
         return
     sharded = model.sharded_state_dict()
     wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
     try:
-        state = dist_checkpointing.load(wanted, str(src.path))
+        state = dist_checkpointing.load({"model": wanted}, str(src.path))["model"]
     except Exception as exc:  # megatron raises many types for missing keys / mismatched shapes
         raise CheckpointError(f"{src.path}: cannot load into this model ({type(exc).__name__}: {exc})") from exc
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -197,6 +199,8 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
             value = full[sh.key]
         elif sh.key.startswith("encoder.layers."):
             rest = sh.key[len("encoder.layers."):]
+            # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
+            rest = _TE_ALIASES.get(rest, rest) if f"encoder.layers.0.{rest}" not in full else rest
             value = torch.stack([full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])])
         else:
             raise CheckpointError(f"weight {sh.key} is missing from the source")

@@ -1,0 +1,1 @@
+"""Checkpoint interchange with Hugging Face ``transformers`` (``MegatronBert*``)."""

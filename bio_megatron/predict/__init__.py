@@ -1,0 +1,1 @@
+"""Inference with fine-tuned checkpoints: NER entities with character offsets, QA answers."""

@@ -1,0 +1,66 @@
+"""Load a fine-tuned checkpoint (any saved TP/PP layout) into one process at TP1 for inference or export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from bio_megatron.config.finetune import CONFIG_CLASSES
+from bio_megatron.config.loader import from_dict
+from bio_megatron.tasks.heads import build_head
+from bio_megatron.tasks.model import Source, TaskModel, build_task_model, load_into, resolve_source
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+
+@dataclass
+class Loaded:
+    model: TaskModel
+    cfg: object           # the task config saved with the checkpoint
+    tokenizer: WordPieceTokenizer
+    labels: list[str] | None
+    source: Source
+
+
+def single_process() -> None:
+    """A one-process gloo/NCCL world with TP1/PP1: dist-checkpointing reshards any saved layout into it."""
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
+
+    world = resolve_world({})
+    init_distributed(world)
+    init_model_parallel(1, 1, seed=0)
+
+
+def task_config_of(src: Source):
+    """The fine-tuning config saved beside a checkpoint (or built for an imported HF folder)."""
+    if src.task is None:
+        raise CheckpointError(f"{src.path}: a pretraining checkpoint has no task head; fine-tune it first "
+                              "(bio-megatron finetune ...) or export it as MegatronBertForMaskedLM")
+    if src.kind == "hf":
+        from bio_megatron.export.hf import task_config_for_hf
+
+        return task_config_for_hf(src)
+    raw = yaml.safe_load((src.path / "config.yaml").read_text()) or {}
+    return from_dict(CONFIG_CLASSES[src.task], raw)
+
+
+def load_finetuned(path: str | Path) -> Loaded:
+    """Encoder + head of a fine-tuned checkpoint or HF task folder, in eval mode, in this (TP1) process."""
+    src = resolve_source(path)
+    cfg = task_config_of(src)
+    m = cfg.model
+    for k, v in src.shape.items():
+        setattr(m, k, v)
+    m.tensor_model_parallel_size = m.pipeline_model_parallel_size = 1
+    if src.vocab_file is None:
+        raise CheckpointError(f"{src.path}: no vocab.txt beside the weights")
+    tokenizer = WordPieceTokenizer(src.vocab_file, m.tokenizer.do_lower_case)
+    num_classes = len(src.labels) if src.labels else 2
+    head = build_head(src.task, m, m.shape().hidden_size, num_classes)
+    padded = src.padded_vocab or tokenizer.vocab_size
+    model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
+    load_into(model, src, encoder_only=False)
+    return Loaded(model.eval(), cfg, tokenizer, src.labels, src)

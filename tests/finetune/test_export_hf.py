@@ -1,0 +1,78 @@
+"""Export/import with Hugging Face: a TP2-trained NER checkpoint exports to MegatronBertForTokenClassification
+whose logits (and a ``pipeline("token-classification")`` run) equal our model's; importing it back gives the
+same logits; heads HF cannot express are refused with the setting named."""
+
+from __future__ import annotations
+
+import pytest
+from ft_runs import finetune_rank
+from harness import run_world
+
+TEXT = "Naloxone reverses the antihypertensive effect of clonidine in rats."
+TRAIN = ["trainer.max_steps=6", "model.head.num_fc_layers=1", "model.dataset.max_eval_examples=16",
+         "model.dataset.test_file=null", "trainer.val_check_interval=6"]
+
+
+def _our_logits(ckpt: str, ids, mask):
+    import torch
+
+    from bio_megatron.predict.common import load_finetuned
+
+    loaded = load_finetuned(ckpt)
+    with torch.no_grad():
+        return loaded.model(ids, mask, torch.zeros_like(ids)), loaded.labels
+
+
+def _export_compare(ckpt: str, out: str, back: str) -> dict:
+    import torch
+    from transformers import AutoTokenizer, MegatronBertForTokenClassification, pipeline
+
+    from bio_megatron.export.hf import export_hf, import_hf
+
+    export_hf(ckpt, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    enc = tok([TEXT, "Cocaine and lidocaine"], padding=True, return_tensors="pt")
+    ours, labels = _our_logits(ckpt, enc["input_ids"], enc["attention_mask"])
+    hf = MegatronBertForTokenClassification.from_pretrained(out).eval()
+    with torch.no_grad():
+        theirs = hf(**enc).logits
+    valid = enc["attention_mask"].bool()
+    pipe = pipeline("token-classification", model=out, tokenizer=out, ignore_labels=[], device="cpu")
+    got = pipe(TEXT)
+    probs = ours[0].softmax(-1)
+    expected = [(labels[int(probs[i + 1].argmax())], float(probs[i + 1].max())) for i in range(len(got))]
+    import_hf(out, back)
+    again, labels_back = _our_logits(back, enc["input_ids"], enc["attention_mask"])
+    return {"diff": (ours - theirs)[valid].abs().max().item(), "scale": ours[valid].abs().max().item(),
+            "id2label": [hf.config.id2label[i] for i in range(hf.config.num_labels)], "labels": labels,
+            "pipeline": [(g["entity"], g["score"], g["word"]) for g in got], "expected": expected,
+            "roundtrip": (again - ours)[valid].abs().max().item(), "labels_back": labels_back}
+
+
+def test_tp2_checkpoint_exports_and_roundtrips(tmp_path):
+    run_world(2, finetune_rank, "ner", TRAIN + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp2",
+                                                "model.tensor_model_parallel_size=2"])
+    ckpt = tmp_path / "tp2" / "checkpoints"
+    (res,) = run_world(1, _export_compare, str(ckpt), str(tmp_path / "hf"), str(tmp_path / "back"))
+    assert res["scale"] > 0.5
+    assert res["diff"] < 1e-4, res
+    assert res["id2label"] == res["labels"] == res["labels_back"] == ["O", "B-Chemical", "I-Chemical"]
+    assert len(res["pipeline"]) >= 10  # every word piece of the sentence
+    for (label, score, _), (exp_label, exp_score) in zip(res["pipeline"], res["expected"]):
+        assert label == exp_label and abs(score - exp_score) < 1e-4
+    assert res["roundtrip"] < 1e-4
+    assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "label_ids.csv").is_file()
+
+
+def test_mlp_head_is_refused_with_the_setting_named():
+    from bio_megatron.config.finetune import NerModelConfig, ReModelConfig
+    from bio_megatron.export.hf import check_exportable
+    from bio_megatron.utils.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="num_fc_layers=2"):
+        check_exportable("ner", NerModelConfig(size="tiny"))
+    with pytest.raises(ConfigError, match="activation=relu"):
+        check_exportable("re", ReModelConfig(size="tiny"))
+    m = ReModelConfig(size="tiny")
+    m.classifier_head.activation = "tanh"
+    check_exportable("re", m)  # tanh pooler + linear: exactly MegatronBertForSequenceClassification
