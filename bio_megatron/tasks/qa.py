@@ -1,0 +1,100 @@
+"""Extractive QA fine-tuning (SQuAD v1.1/v2.0, BioASQ factoid in SQuAD format): start/end token classifier
+with the spanning loss; dev scored with the official SQuAD logic, or the BioASQ factoid measures when a
+golden file is given."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from bio_megatron.evaluation.bioasq import build_submission, factoid_scores, submission_answers
+from bio_megatron.evaluation.squad import evaluate as squad_evaluate
+from bio_megatron.tasks.heads import spanning_loss
+from bio_megatron.tasks.qa_data import QAExample, QAFeature, build_features, load_json, postprocess, read_bioasq_golden
+
+
+@dataclass
+class QaSplit:
+    examples: list[QAExample]
+    features: list[QAFeature]
+    dataset: dict            # the SQuAD JSON, restricted to the examples used
+
+
+def _restrict(dataset: dict, qids: set[str]) -> dict:
+    data = []
+    for art in dataset["data"]:
+        paras = [{**p, "qas": [q for q in p["qas"] if str(q["id"]) in qids]} for p in art["paragraphs"]]
+        data.append({**art, "paragraphs": [p for p in paras if p["qas"]]})
+    return {**dataset, "data": data}
+
+
+class QaTask:
+    name = "qa"
+    labels = None
+    num_classes = 2
+
+    def __init__(self, cfg, tokenizer):
+        self.d = cfg.model.dataset
+        self.tokenizer = tokenizer
+        self.metric = "mrr" if self.d.bioasq_golden else "f1"
+        self.train = self._split(self.d.train_file, self.d.max_train_examples, training=True)
+        self.splits = {"train": self.train}
+
+    def _split(self, name: str, limit: int | None, training: bool) -> QaSplit:
+        from bio_megatron.tasks.qa_data import read_squad
+
+        path = Path(self.d.data_dir) / name
+        examples = read_squad(path)[:limit]
+        if training:  # v1.1 training data never has unanswerable questions; v2 marks them with is_impossible
+            examples = [e for e in examples if e.answers or e.is_impossible]
+        feats = build_features(examples, self.tokenizer, self.d.max_seq_length, self.d.doc_stride,
+                               self.d.max_query_length, training=training)
+        return QaSplit(examples, feats, _restrict(load_json(path), {e.qid for e in examples}))
+
+    def split(self, name: str) -> QaSplit | None:
+        if name not in self.splits:
+            file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
+            if not file:
+                return None
+            self.splits[name] = self._split(file, self.d.max_eval_examples, training=False)
+        return self.splits[name]
+
+    def length(self, split: QaSplit, i: int) -> int:
+        return len(split.features[i].input_ids)
+
+    def collate(self, split: QaSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
+        ids = torch.zeros(len(indices), seq_len, dtype=torch.long)
+        types, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+        for r, i in enumerate(indices):
+            f = split.features[max(i, 0)]
+            ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)
+            types[r, :len(f.input_ids)] = torch.tensor(f.token_type_ids)
+            mask[r, :len(f.input_ids)] = 1
+        feats = [split.features[max(i, 0)] for i in indices]
+        return {"input_ids": ids, "attention_mask": mask, "tokentype_ids": types, "index": torch.tensor(indices),
+                "start": torch.tensor([f.start_position for f in feats]),
+                "end": torch.tensor([f.end_position for f in feats])}
+
+    def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        return spanning_loss(logits, batch["start"], batch["end"])
+
+    def outputs(self, logits: torch.Tensor, batch: dict) -> list:
+        lens = batch["attention_mask"].sum(-1).tolist()
+        return [(logits[r, :L, 0].tolist(), logits[r, :L, 1].tolist()) for r, L in enumerate(lens)]
+
+    def answers(self, split: QaSplit, outputs: list) -> tuple[dict, dict, dict]:
+        """(predictions, nbest, null_odds) by question id, BERT's post-processing."""
+        return postprocess(split.examples, split.features, [o[0] for o in outputs], [o[1] for o in outputs],
+                           self.d.n_best_size, self.d.max_answer_length, self.d.version_2_with_negative,
+                           self.d.null_score_diff_threshold)
+
+    def score(self, split: QaSplit, outputs: list) -> dict:
+        predictions, nbest, _ = self.answers(split, outputs)
+        if self.d.bioasq_golden:
+            golden = read_bioasq_golden(self.d.bioasq_golden)
+            return factoid_scores(golden, submission_answers(build_submission(nbest)))
+        version = "2.0" if self.d.version_2_with_negative else "1.1"
+        scores = squad_evaluate(split.dataset, predictions, version)
+        return scores

@@ -1,0 +1,94 @@
+"""Relation extraction (ChemProt) fine-tuning: sentence -> [CLS] classifier -> micro-F1 over CPR:3/4/5/6/9."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores
+from bio_megatron.tasks.re_data import RelationExample, read_chemprot_original, read_nemo_tsv, read_scibert_jsonl
+from bio_megatron.utils.errors import DataError
+
+
+def read_split(d, name: str) -> list[RelationExample]:
+    path = Path(d.data_dir) / name
+    if d.format == "scibert":
+        return read_scibert_jsonl(path)
+    if d.format == "chemprot_original":
+        return read_chemprot_original(path)
+    return read_nemo_tsv(path)
+
+
+@dataclass
+class ReSplit:
+    examples: list[RelationExample]
+    features: list[list[int]]   # [CLS] sentence [SEP] ids
+    label_ids: list[int]
+
+
+class ReTask:
+    """ChemProt as NeMo's text classification: the label set is ``false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9``."""
+
+    name = "re"
+    metric = "f1"
+
+    def __init__(self, cfg, tokenizer, labels: list[str] | None = None):
+        self.d = cfg.model.dataset
+        self.tokenizer = tokenizer
+        self.labels = list(labels or CHEMPROT_LABELS)
+        self.label_map = {t: i for i, t in enumerate(self.labels)}
+        self.train = self._encode(read_split(self.d, self.d.train_file)[: self.d.max_train_examples], "train")
+        self.weights = None
+        if self.d.class_balancing == "weighted_loss":  # NeMo: total / (n_classes * count), 0 for absent classes
+            counts = torch.bincount(torch.tensor(self.train.label_ids), minlength=len(self.labels)).float()
+            self.weights = torch.where(counts > 0, counts.sum() / (len(self.labels) * counts.clamp(min=1)), 0.0)
+        self.splits = {"train": self.train}
+
+    def _encode(self, examples: list[RelationExample], split: str) -> ReSplit:
+        for ex in examples:
+            if ex.label not in self.label_map:
+                raise DataError(f"{split}: label {ex.label!r} of {ex.source} is not one of {self.labels}")
+        encs = self.tokenizer.backend.encode_batch([e.sentence for e in examples], add_special_tokens=False)
+        n = self.d.max_seq_length - 2
+        feats = [[self.tokenizer.cls] + e.ids[:n] + [self.tokenizer.sep] for e in encs]
+        return ReSplit(examples, feats, [self.label_map[e.label] for e in examples])
+
+    def split(self, name: str) -> ReSplit | None:
+        if name not in self.splits:
+            file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
+            if not file:
+                return None
+            self.splits[name] = self._encode(read_split(self.d, file)[: self.d.max_eval_examples], name)
+        return self.splits[name]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.labels)
+
+    def length(self, split: ReSplit, i: int) -> int:
+        return len(split.features[i])
+
+    def collate(self, split: ReSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
+        ids = torch.zeros(len(indices), seq_len, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, i in enumerate(indices):
+            f = split.features[max(i, 0)]
+            ids[r, :len(f)] = torch.tensor(f)
+            mask[r, :len(f)] = 1
+        labels = torch.tensor([split.label_ids[max(i, 0)] for i in indices])
+        return {"input_ids": ids, "attention_mask": mask, "tokentype_ids": torch.zeros_like(ids), "label": labels,
+                "index": torch.tensor(indices)}
+
+    def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
+        w = self.weights.to(logits.device) if self.weights is not None else None
+        return F.cross_entropy(logits.float(), batch["label"], weight=w)
+
+    def outputs(self, logits: torch.Tensor, batch: dict) -> list:
+        return logits.argmax(-1).tolist()
+
+    def score(self, split: ReSplit, outputs: list) -> dict:
+        """Micro precision/recall/F1 over the positive classes (fractions), negatives excluded."""
+        return chemprot_scores([e.label for e in split.examples], [self.labels[o] for o in outputs])
