@@ -148,11 +148,11 @@ bm_on_signal() {
   if [ -n "$BM_SRUN_PID" ]; then bm_forward_signal; fi
 }
 
-# Read "state" from status.json without needing Python on the host.
-bm_run_state() {
-  local status=$1
+# Read a field ("state" or "step") of status.json without needing Python on the host.
+bm_status_field() {
+  local status=$1 key=$2
   [ -f "$status" ] || return 0
-  sed -n 's/.*"state"[[:space:]]*:[[:space:]]*"\([a-z_]*\)".*/\1/p' "$status" | head -n 1
+  sed -n 's/.*"'"$key"'"[[:space:]]*:[[:space:]]*"\{0,1\}\([a-z_0-9]*\)"\{0,1\}.*/\1/p' "$status" | head -n 1
 }
 
 # Launch the training step, wait for it, requeue if the trainer reports it was interrupted.
@@ -195,12 +195,13 @@ bm_launch() {
   if [ -n "$BM_RESIGNAL_PID" ]; then kill "$BM_RESIGNAL_PID" 2>/dev/null || true; fi
   BM_SRUN_PID=
 
-  local state=""
+  local state="" step=""
   if [ "$run_dir/status.json" -nt "$marker" ] || [ "$BM_SIGNALLED" = 1 ]; then
-    state=$(bm_run_state "$run_dir/status.json")
+    state=$(bm_status_field "$run_dir/status.json" state)
+    step=$(bm_status_field "$run_dir/status.json" step)
   fi
   rm -f "$marker"
-  bm_log "training step exited with $rc, trainer state '${state:-unknown}'"
+  bm_log "training step exited with $rc, trainer state '${state:-unknown}' at step ${step:-unknown}"
 
   if [ "$rc" = 0 ] && [ "$state" = interrupted ] && [ "$BM_TERMINATED" = 1 ]; then
     # TERM means the job is ending for good: scancel, or a scheduler that cancels (or requeues by

@@ -30,10 +30,18 @@ REFERENCE_COMMAND = (
 
 
 def read_metrics(run_dir: Path) -> dict[int, float]:
-    """Training loss per step from metrics.jsonl (validation lines carry val_loss, not loss)."""
+    """Training loss per step from metrics.jsonl (validation lines carry val_loss, not loss).
+
+    The file may be read while a trainer appends to it: an incomplete last line is ignored."""
     out: dict[int, float] = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        rec = json.loads(line)
+    lines = (run_dir / "metrics.jsonl").read_text().split("\n")
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line) if line.strip() else {}
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise
         if "loss" in rec and "step" in rec:
             out[int(rec["step"])] = float(rec["loss"])
     return out
