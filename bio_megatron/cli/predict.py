@@ -1,0 +1,73 @@
+"""``bio-megatron predict ner`` / ``predict qa`` with a fine-tuned checkpoint (any saved layout) or HF folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers)")
+    tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
+    ner = tasks.add_parser("ner", help="entities with character offsets, one JSON line per document")
+    ner.add_argument("--checkpoint", required=True, help="fine-tuned NER checkpoint or HF token-classification folder")
+    ner.add_argument("--input", required=True, help="text.txt (one document per line) or docs.jsonl ({id, text})")
+    ner.add_argument("--out", help="output JSON lines (written atomically); default stdout")
+    ner.set_defaults(func=run_ner)
+    qa = tasks.add_parser("qa", help="answers to questions over given contexts")
+    qa.add_argument("--checkpoint", required=True, help="fine-tuned QA checkpoint or HF question-answering folder")
+    qa.add_argument("--input", required=True, help="SQuAD-format JSON or JSON lines ({id, question, context})")
+    qa.add_argument("--out", help="predictions JSON (id -> answer); the n-best lists go beside it as *.nbest.json")
+    qa.set_defaults(func=run_qa)
+
+
+def _load(path: str, task: str):
+    from bio_megatron.predict.common import load_finetuned, single_process
+    from bio_megatron.utils.errors import CheckpointError
+
+    single_process()
+    loaded = load_finetuned(path)
+    if loaded.source.task != task:
+        raise CheckpointError(f"{path}: a {loaded.source.task} model, not {task}")
+    return loaded
+
+
+def run_ner(args: argparse.Namespace) -> int:
+    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.predict.ner import predict_entities, read_documents
+    from bio_megatron.utils.io import atomic_open
+
+    docs = list(read_documents(args.input))  # validate the whole input before loading the model
+    try:
+        loaded = _load(args.checkpoint, "ner")
+        lines = [json.dumps({"id": i, "entities": predict_entities(loaded, text)}) for i, text in docs]
+    finally:
+        teardown()
+    if args.out:
+        with atomic_open(args.out, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+    return 0
+
+
+def run_qa(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.predict.qa import answer, read_questions
+    from bio_megatron.utils.io import write_json_atomic
+
+    examples = read_questions(args.input)
+    try:
+        predictions, nbest = answer(_load(args.checkpoint, "qa"), examples)
+    finally:
+        teardown()
+    if args.out:
+        out = Path(args.out)
+        write_json_atomic(out, predictions)
+        write_json_atomic(out.with_name(out.stem + ".nbest.json"), nbest)
+    else:
+        print(json.dumps(predictions, indent=2))
+    return 0

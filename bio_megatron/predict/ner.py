@@ -1,0 +1,91 @@
+"""``predict ner``: documents (plain text, one per line, or JSON lines ``{"id", "text"}``) -> entities with
+character offsets, one JSON object per document.
+
+Words are cut with BERT's pre-tokenizer (white space and punctuation, as in the IOB training files),
+sentences with the ChemProt splitter; a sentence longer than the model's ``max_seq_length`` is cut into
+pieces that fit. Tags are read per word at the first sub-token, chunks follow conlleval's rules.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from bio_megatron.evaluation.label_bias import chunks
+from bio_megatron.predict.common import Loaded
+from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions
+from bio_megatron.tasks.re_data import split_sentences
+from bio_megatron.utils.errors import DataError
+
+
+def read_documents(path: str | Path) -> Iterator[tuple[str, str]]:
+    """(id, text) of every document: ``.jsonl`` lines ``{"id": ..., "text": ...}``, else one document per line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("input file not found (expected text.txt or docs.jsonl)", str(path))
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            if path.suffix == ".jsonl":
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
+                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                    raise DataError('expected an object with a "text" string', str(path), lineno)
+                yield str(rec.get("id", lineno)), rec["text"]
+            else:
+                yield str(lineno), line.rstrip("\r\n")
+
+
+def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, int]]]]:
+    """Sentences as lists of (word, (start, end)), each short enough for the model."""
+    pre = loaded.tokenizer.backend.pre_tokenizer
+    limit = loaded.cfg.model.dataset.max_seq_length - 2
+    out = []
+    for s0, e0 in split_sentences(text):
+        words = [(w, (s0 + a, s0 + b)) for w, (a, b) in pre.pre_tokenize_str(text[s0:e0])]
+        lens = [len(e.ids) or 1 for e in loaded.tokenizer.backend.encode_batch(
+            [[w] for w, _ in words], is_pretokenized=True, add_special_tokens=False)]
+        piece, used = [], 0
+        for wd, n in zip(words, lens):
+            if piece and used + n > limit:
+                out.append(piece)
+                piece, used = [], 0
+            piece.append(wd)
+            used += n
+        if piece:
+            out.append(piece)
+    return out
+
+
+@torch.no_grad()
+def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[dict]:
+    """Entities of one document: ``{"text", "type", "start", "end"}`` with end-exclusive character offsets."""
+    sents = _word_spans(loaded, text)
+    labels = loaded.labels
+    label_map = {t: i for i, t in enumerate(labels)}
+    pad = loaded.cfg.model.dataset.pad_label
+    feats = encode_sentences([Sentence([w for w, _ in s], [pad] * len(s)) for s in sents], loaded.tokenizer,
+                             label_map, loaded.cfg.model.dataset.max_seq_length)
+    entities = []
+    for b in range(0, len(feats), batch_size):
+        group = feats[b:b + batch_size]
+        seq = max(len(f.input_ids) for f in group)
+        ids = torch.zeros(len(group), seq, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, f in enumerate(group):
+            ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)
+            mask[r, :len(f.input_ids)] = 1
+        pred = loaded.model(ids, mask, torch.zeros_like(ids)).argmax(-1)
+        for r, f in enumerate(group):
+            spans = sents[b + r]
+            tags = [labels[t] for t in word_predictions(pred[r].tolist(), f)]
+            for ty, s, e in chunks([w for w, _ in spans], tags):
+                start, end = spans[s][1][0], spans[e - 1][1][1]
+                entities.append({"text": text[start:end], "type": ty, "start": start, "end": end})
+    return entities

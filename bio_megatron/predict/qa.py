@@ -1,0 +1,63 @@
+"""``predict qa``: answer questions over given contexts with a fine-tuned QA checkpoint.
+
+Input: a SQuAD-format JSON file, or JSON lines ``{"id", "question", "context"}``. Output: question id ->
+answer text (``""`` = no answer, SQuAD v2), plus the n-best lists (the input of the BioASQ submission step).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from bio_megatron.predict.common import Loaded
+from bio_megatron.tasks.qa_data import QAExample, build_features, postprocess, read_squad
+from bio_megatron.utils.errors import DataError
+
+
+def read_questions(path: str | Path) -> list[QAExample]:
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        return read_squad(path)
+    if not path.is_file():
+        raise DataError("input file not found", str(path))
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
+            if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
+                raise DataError('expected an object with a "question" string', str(path), lineno)
+            if not isinstance(rec.get("context"), str) or not rec["context"].strip():
+                raise DataError(f'question {rec.get("id", lineno)!r} has no "context" text', str(path), lineno)
+            out.append(QAExample(str(rec.get("id", lineno)), rec["question"], rec["context"]))
+    return out
+
+
+@torch.no_grad()
+def answer(loaded: Loaded, examples: list[QAExample], batch_size: int = 16) -> tuple[dict, dict]:
+    """(predictions, nbest) keyed by question id, with the checkpoint's own QA settings."""
+    d = loaded.cfg.model.dataset
+    feats = build_features(examples, loaded.tokenizer, d.max_seq_length, d.doc_stride, d.max_query_length)
+    starts, ends = [], []
+    for b in range(0, len(feats), batch_size):
+        group = feats[b:b + batch_size]
+        seq = max(len(f.input_ids) for f in group)
+        ids = torch.zeros(len(group), seq, dtype=torch.long)
+        types, mask = torch.zeros_like(ids), torch.zeros_like(ids)
+        for r, f in enumerate(group):
+            n = len(f.input_ids)
+            ids[r, :n], types[r, :n], mask[r, :n] = torch.tensor(f.input_ids), torch.tensor(f.token_type_ids), 1
+        logits = loaded.model(ids, mask, types).float()
+        for r, f in enumerate(group):
+            n = len(f.input_ids)
+            starts.append(logits[r, :n, 0].tolist())
+            ends.append(logits[r, :n, 1].tolist())
+    predictions, nbest, _ = postprocess(examples, feats, starts, ends, d.n_best_size, d.max_answer_length,
+                                        d.version_2_with_negative, d.null_score_diff_threshold)
+    return predictions, nbest
