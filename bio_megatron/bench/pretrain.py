@@ -338,15 +338,19 @@ def _pct(x: float | None) -> str:
     return f"{100 * x:.1f}%" if x is not None else "n/a"
 
 
+def _tf(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"  # CPU rates are in the GFLOP/s range
+
+
 def summary_line(res: dict[str, Any]) -> str:
     """The one-line result: ours, HF and the ratio, MFU against both peaks."""
     o = res["ours"]
     line = (f"bench pretrain {res['size']} seq {res['seq']} mb {res['micro_batch']} {res['dtype']} on {res['device']}: "
-            f"ours {o['tokens_per_s']:,.0f} tok/s {o['tflops']:.2f} TFLOP/s MFU {_pct(o['mfu_datasheet'])} "
+            f"ours {o['tokens_per_s']:,.0f} tok/s {_tf(o['tflops'])} TFLOP/s MFU {_pct(o['mfu_datasheet'])} "
             f"(data sheet) {_pct(o['mfu_measured_peak'])} (measured matmul peak)")
     if "hf" in res:
         h = res["hf"]
-        line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {h['tflops']:.2f} TFLOP/s | "
+        line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s | "
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x")
     return line
 
