@@ -65,6 +65,14 @@ def shutdown_writer() -> None:
         fa._results_queue = None
 
 
+def remove_stale_saves(root: Path) -> None:
+    """Delete ``.iter_*.tmp`` directories left by saves that never completed (rank 0 only)."""
+    if root.is_dir() and (not dist.is_initialized() or dist.get_rank() == 0):
+        for stale in root.glob(".iter_*.tmp"):
+            log.warning("removing incomplete checkpoint save %s", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+
+
 def iteration_dir(root: Path, step: int) -> Path:
     return root / f"iter_{step:07d}"
 

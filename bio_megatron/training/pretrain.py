@@ -89,6 +89,7 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
     step = 0
+    ckpt.remove_stale_saves(ckpt_root)
     resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
         ckpt.latest_checkpoint(ckpt_root) if e.resume_if_exists else None)
     if resume is not None:

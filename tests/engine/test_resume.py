@@ -76,6 +76,9 @@ def test_sigkill_after_periodic_save_resumes_exactly(uninterrupted, pubmed_prefi
     saved = int(latest.read_text())
     assert saved < STEPS, "the run finished before it could be killed"
     assert not (root / "sigkill" / "status.json").exists()
+    # A save cut short by the kill leaves only a temporary directory, never a half-written iter_*.
+    for d in (root / "sigkill" / "checkpoints").glob("iter_*"):
+        assert (d / "bio_megatron.json").exists()
     assert run_world(2, pretrain_rank, over) == ["finished", "finished"]
     _assert_same(losses(root / "sigkill"), ref, 1e-6)
 
