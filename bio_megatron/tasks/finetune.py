@@ -22,7 +22,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.data.pretrain import resolve_vocab
 from bio_megatron.models.bert import precision_dtype
-from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.heads import build_head
 from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_model, load_into, resolve_source,
                                       task_padded_vocab)
@@ -145,20 +145,22 @@ def adopt_head_structure(m, src: Source) -> None:
 
 
 def setup(cfg: FinetuneConfig):
-    """Distributed init, source inspection, tokenizer, task data, model, DDP, optimizer, scheduler."""
-    world = init_distributed()
+    """Source inspection, tokenizer and all task data (validated first), then distributed init, model, DDP."""
     m, t = cfg.model, cfg.trainer
     src: Source | None = resolve_source(m.restore_from_path) if m.restore_from_path else None
     if src is not None:
         apply_source_shape(m, src)
-    validate(cfg, world.world_size)
-    init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
+    validate(cfg, resolve_world().world_size)
+    # Data problems surface before any process group exists: a bad file fails fast, on every rank alike.
     vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
     tokenizer = WordPieceTokenizer(vocab_file, m.tokenizer.do_lower_case)
     same_task = src is not None and src.task == cfg.task
     if same_task:
         adopt_head_structure(m, src)
     task = make_task(cfg, tokenizer, src.labels if same_task else None)
+    task.split("dev"), task.split("test")
+    world = init_distributed()
+    init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)
     head = build_head(cfg.task, m, m.shape().hidden_size, task.num_classes)
