@@ -74,7 +74,7 @@ def test_sdpa_core_attention_equals_unfused(case):
     assert res["grad_diff"] < TOL, res
 
 
-def _whole_model() -> dict:
+def _whole_model(lengths: list[int]) -> dict:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
@@ -84,7 +84,7 @@ def _whole_model() -> dict:
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(5, vocab, (3, s), generator=g)
     labels = torch.randint(5, vocab, (3, s), generator=g)
-    valid, _, _ = _masks([32, 25, 11], s)
+    valid, _, _ = _masks(lengths, s)
     results = {}
     for backend in ("unfused", "sdpa"):
         m = ModelConfig(size="tiny", encoder_seq_length=s, max_position_embeddings=s, hidden_dropout=0.0,
@@ -106,8 +106,10 @@ def _whole_model() -> dict:
                                  for n in gu)}
 
 
-def test_tiny_model_sdpa_equals_unfused():
-    (res,) = run_world(1, _whole_model)
+@pytest.mark.parametrize("lengths", [[32, 25, 11], [32, 32, 32]], ids=["padded", "full"])
+def test_tiny_model_sdpa_equals_unfused(lengths):
+    # "full": no padding, so the model hands SDPA no mask at all (the flash-kernel path on GPU).
+    (res,) = run_world(1, _whole_model, lengths)
     assert res["cores"] == ["DotProductAttention", "SDPACoreAttention"]
     assert res["scale"] > 1.0
     assert res["logit_diff"] < TOL, res

@@ -42,9 +42,9 @@ class SDPACoreAttention(MegatronModule):
         sq, b = query.shape[0], query.shape[1]
         # [s, b, n, h] -> [b, n, s, h]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        mask = None
-        if attention_mask is not None and bool(attention_mask.any()):
-            mask = ~attention_mask  # SDPA: True = attend; megatron: True = masked
+        # SDPA: True = attend; megatron: True = masked. The model passes None for batches without
+        # padding (one check per forward, not a GPU sync per layer), which lets PyTorch pick flash.
+        mask = ~attention_mask if attention_mask is not None else None
         dropout_p = self.dropout_p if self.training else 0.0
         if dropout_p > 0.0:
             with tensor_parallel.get_cuda_rng_tracker().fork():  # per-TP-rank dropout stream, as in megatron

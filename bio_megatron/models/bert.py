@@ -95,6 +95,12 @@ class BioBertModel(BertModel):
         if self.post_process and true_vocab_size is not None and true_vocab_size < self.vocab_size:
             self.output_layer.register_forward_hook(self._mask_padded_vocab)
 
+    def bert_extended_attention_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        core = self.transformer_layer_spec.submodules.self_attention.submodules.core_attention
+        if core is SDPACoreAttention and bool(attention_mask.all()):
+            return None  # nothing to mask: SDPA's flash kernel needs no mask at all
+        return super().bert_extended_attention_mask(attention_mask)
+
     def _mask_padded_vocab(self, module, inputs, output):
         logits, bias = output
         per_rank = logits.shape[-1]
