@@ -226,5 +226,7 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     if raw.get("task", task) != task:
         raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
     cfg = from_dict(CONFIG_CLASSES[task], raw)
+    # The encoder's sequence length is the task's max_seq_length (batches are padded to at most that).
+    cfg.model.encoder_seq_length = cfg.model.dataset.max_seq_length
     validate(cfg, world_size)
     return cfg
