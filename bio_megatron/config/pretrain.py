@@ -62,7 +62,7 @@ class TokenizerConfig:
 
 @dataclass
 class DataConfig:
-    data_prefix: list = field(default_factory=list)
+    data_prefix: list | str = field(default_factory=list)
     """Megatron blending list ``[weight, prefix, weight, prefix, ...]`` (or a single prefix)."""
     splits_string: str = "900,50,50"
     masked_lm_prob: float = 0.15
@@ -190,7 +190,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
                         f"({m.optim.sched.warmup_steps}) and warmup_ratio ({m.optim.sched.warmup_ratio})")
     if len(m.optim.betas) != 2:
         problems.append(f"model.optim.betas ({m.optim.betas}) must be two numbers")
-    dp_prefix = m.data.data_prefix
+    dp_prefix = [m.data.data_prefix] if isinstance(m.data.data_prefix, str) else m.data.data_prefix
     if len(dp_prefix) > 1 and len(dp_prefix) % 2:
         problems.append(f"model.data.data_prefix ({dp_prefix}) must be [weight, path, weight, path, ...] "
                         "or a single path")
@@ -228,7 +228,7 @@ def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), wor
 
 def data_blend(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
     """``data_prefix`` as megatron-core's blend: (prefixes, weights or None)."""
-    dp = cfg.data_prefix
+    dp = [cfg.data_prefix] if isinstance(cfg.data_prefix, str) else cfg.data_prefix
     if len(dp) == 1:
         return [str(dp[0])], None
     weights = [float(w) for w in dp[0::2]]

@@ -43,3 +43,11 @@ def test_demo_runs_under_torchrun(tmp_path):
     assert meta["layout"]["tp"] == 2
     assert (tmp_path / "tiny_tp2" / "checkpoints" / "iter_0000030" / "vocab.txt").exists()
     assert list((tmp_path / "tiny_tp2" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_blended_prefixes_train(pubmed_prefix, tmp_path):
+    """NeMo's ``data_prefix: [weight, path, weight, path]`` goes through megatron-core's BlendedDataset."""
+    blend = f"model.data.data_prefix=[0.3,{pubmed_prefix},0.7,{pubmed_prefix}]"
+    run_world(1, pretrain_rank, overrides(pubmed_prefix, tmp_path, "blend", steps=2, extra=(blend,)))
+    assert sorted(losses(tmp_path / "blend")) == [1, 2]
+    assert list((tmp_path / "index_cache").glob("*-BlendedDataset-train-dataset_index.npy"))
