@@ -23,11 +23,18 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
 
 def in_process(capsys, *args: str) -> tuple[int, str]:
     """Through ``bio_megatron.cli.main`` in this process: errors surface before any process group exists."""
+    import logging
+
     from bio_megatron.cli import main
     from bio_megatron.utils.log import setup_logging
 
-    setup_logging(force=True)  # bind the log handler to pytest's captured stderr
-    rc = main(list(args))
+    logger = logging.getLogger("bio_megatron")
+    saved = logger.handlers[:]
+    setup_logging(force=True)  # bind the log handler to pytest's captured stderr for this call only
+    try:
+        rc = main(list(args))
+    finally:
+        logger.handlers[:] = saved
     return rc, capsys.readouterr().err
 
 

@@ -36,7 +36,16 @@ def _export_compare(task: str, ckpt: str, out: str) -> dict:
         valid = enc["attention_mask"].bool()
         theirs = torch.stack([out_hf.start_logits, out_hf.end_logits], -1)
         diff, scale = (ours - theirs)[valid].abs().max().item(), ours[valid].abs().max().item()
-    return {"class": info["class"], "diff": diff, "scale": scale}
+    res = {"class": info["class"], "diff": diff, "scale": scale}
+    if task == "qa":  # predict qa over given contexts, with the checkpoint's own QA settings
+        from bio_megatron.predict.qa import answer
+        from bio_megatron.tasks.qa_data import QAExample
+
+        contexts = {"a": "Naloxone reverses the antihypertensive effect of clonidine.", "b": "Paris is in France."}
+        preds, nbest = answer(loaded, [QAExample(k, "What reverses it?", c) for k, c in contexts.items()])
+        res["qa_ok"] = sorted(preds) == ["a", "b"] and all(p in contexts[k] for k, p in preds.items()) and \
+            all(abs(sum(n["probability"] for n in nbest[k]) - 1) < 1e-6 for k in nbest)
+    return res
 
 
 @pytest.mark.parametrize("task", ["re", "qa"])
@@ -54,3 +63,4 @@ def test_tp2_equals_tp1_and_export_matches(tmp_path, task):
     assert res["class"] == {"re": "MegatronBertForSequenceClassification",
                             "qa": "MegatronBertForQuestionAnswering"}[task]
     assert res["scale"] > 1e-3 and res["diff"] < 1e-4, res
+    assert res.get("qa_ok", task == "re"), res
