@@ -24,6 +24,10 @@ class Loaded:
     labels: list[str] | None
     source: Source
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
 
 def single_process() -> None:
     """A one-process gloo/NCCL world with TP1/PP1: dist-checkpointing reshards any saved layout into it."""

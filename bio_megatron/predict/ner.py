@@ -81,7 +81,8 @@ def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[di
         for r, f in enumerate(group):
             ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)
             mask[r, :len(f.input_ids)] = 1
-        pred = loaded.model(ids, mask, torch.zeros_like(ids)).argmax(-1)
+        dev = loaded.device
+        pred = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev)).argmax(-1).cpu()
         for r, f in enumerate(group):
             spans = sents[b + r]
             tags = [labels[t] for t in word_predictions(pred[r].tolist(), f)]

@@ -53,7 +53,7 @@ def answer(loaded: Loaded, examples: list[QAExample], batch_size: int = 16) -> t
         for r, f in enumerate(group):
             n = len(f.input_ids)
             ids[r, :n], types[r, :n], mask[r, :n] = torch.tensor(f.input_ids), torch.tensor(f.token_type_ids), 1
-        logits = loaded.model(ids, mask, types).float()
+        logits = loaded.model(ids.to(loaded.device), mask.to(loaded.device), types.to(loaded.device)).float().cpu()
         for r, f in enumerate(group):
             n = len(f.input_ids)
             starts.append(logits[r, :n, 0].tolist())

@@ -118,28 +118,25 @@ def predict_split(state: LoopState, batches: Batches, split, n: int) -> list:
     return [merged[i] for i in range(n)]
 
 
-def _split_size(task, split) -> int:
-    return len(split.features) if hasattr(split, "features") else len(split)
-
-
 def adopt_head_structure(m, src: Source) -> None:
-    """Continuing from a checkpoint of the same task (e.g. BioASQ after SQuAD) keeps its head's shape."""
+    """Continuing from a checkpoint of the same task (e.g. BioASQ after SQuAD) keeps its head's shape; the
+    recipe's dropout and init settings still apply."""
     if src.kind == "hf":
+        from bio_megatron.config.loader import to_dict
         from bio_megatron.export.hf import task_config_for_hf
 
-        saved = {"head": getattr(task_config_for_hf(src).model, "head", None),
-                 "classifier_head": getattr(task_config_for_hf(src).model, "classifier_head", None),
-                 "fc_hidden_size": None}
-        saved = {k: (v.__dict__ if hasattr(v, "__dict__") else v) for k, v in saved.items()}
+        hf_model = task_config_for_hf(src).model
+        saved = {k: to_dict(getattr(hf_model, k)) for k in ("head", "classifier_head") if hasattr(hf_model, k)}
+        saved["fc_hidden_size"] = None
     else:
         saved = src.head or {}
-    structural = ("num_fc_layers", "num_output_layers", "activation")
     for block in ("head", "classifier_head"):
-        if saved.get(block) and hasattr(m, block):
-            for k in structural:
-                if k in saved[block] and getattr(getattr(m, block), k) != saved[block][k]:
-                    log.info("model.%s.%s=%s taken from %s", block, k, saved[block][k], src.path)
-                    setattr(getattr(m, block), k, saved[block][k])
+        if not (saved.get(block) and hasattr(m, block)):
+            continue
+        for k in ("num_fc_layers", "num_output_layers", "activation"):
+            if k in saved[block] and getattr(getattr(m, block), k) != saved[block][k]:
+                log.info("model.%s.%s=%s taken from %s", block, k, saved[block][k], src.path)
+                setattr(getattr(m, block), k, saved[block][k])
     if "fc_hidden_size" in saved:
         m.fc_hidden_size = saved["fc_hidden_size"]
 
@@ -206,7 +203,7 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
 
     def evaluate_dev(step: int) -> None:
         batches.state = eval_state
-        scores = task.score(dev, predict_split(eval_state, batches, dev, _split_size(task, dev)))
+        scores = task.score(dev, predict_split(eval_state, batches, dev, len(dev.features)))
         batches.state = state
         value = float(scores[task.metric])
         history.append({"step": step, "dev_" + task.metric: value})
@@ -243,7 +240,7 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     if test is not None:
         ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)
         batches.state = eval_state
-        result["test"] = task.score(test, predict_split(eval_state, batches, test, _split_size(task, test)))
+        result["test"] = task.score(test, predict_split(eval_state, batches, test, len(test.features)))
     if is_writer:
         write_json_atomic(run_dir / "results.json", result)
     ckpt.shutdown_writer()

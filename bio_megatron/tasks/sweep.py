@@ -57,8 +57,7 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
             res = run_finetuning(variant)
             runs.append({"num_fc_layers": n, "fc_hidden_size": w, "seed": seed, "dev": res["dev"],
                          "test": res.get("test"), "checkpoint": res["checkpoint"]})
-    metric = cfg.model.dataset.bioasq_golden and "mrr" if cfg.task == "qa" else None
-    metric = metric or "f1"
+    metric = "mrr" if cfg.task == "qa" and cfg.model.dataset.bioasq_golden else "f1"  # what run_finetuning selects on
     by_point = {}
     for r in runs:
         by_point.setdefault((r["num_fc_layers"], r["fc_hidden_size"]), []).append(r)
