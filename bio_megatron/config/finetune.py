@@ -193,6 +193,9 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")
+    if cfg.exp_manager.resume_from_checkpoint:
+        problems.append(f"exp_manager.resume_from_checkpoint ({cfg.exp_manager.resume_from_checkpoint}) is not "
+                        "supported for fine-tuning; start from weights with model.restore_from_path")
     if cfg.trainer.max_steps < 0 and cfg.trainer.max_epochs < 1:
         problems.append(f"trainer.max_epochs ({cfg.trainer.max_epochs}) must be >= 1 when trainer.max_steps is -1")
     if m.fc_hidden_size is not None and m.fc_hidden_size < 1:
