@@ -110,10 +110,13 @@ bm_build_command() {
     # One torchrun per node, c10d rendezvous on the first host. srun's USR1 reaches every process of
     # the step; the torchrun agent ignores it (its default action would kill the agent, and its TERM
     # handling kills workers after 30 s) while the trainers, which install their own handler,
-    # checkpoint and exit 0, and torchrun then exits 0.
+    # checkpoint and exit 0, and torchrun then exits 0. The rendezvous store is hosted by node 0
+    # only (is_host per task): torchrun's own guess compares hostnames and can elect two hosts when
+    # node names resolve to one machine, or none when MASTER_ADDR is another interface's name.
+    # shellcheck disable=SC2016
     SRUN_CMD+=(--ntasks-per-node=1 --ntasks="$SLURM_NNODES"
-               bash -c 'trap "" USR1; exec "$@"' torchrun
-               torchrun --nnodes="$SLURM_NNODES" --nproc-per-node="$GPUS_PER_NODE"
+               bash -c 'trap "" USR1; exec torchrun --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"' torchrun
+               --nnodes="$SLURM_NNODES" --nproc-per-node="$GPUS_PER_NODE"
                --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"
                --max-restarts=0 -m bio_megatron "$cmd" "${args[@]}")
   fi

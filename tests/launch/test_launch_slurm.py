@@ -108,11 +108,13 @@ def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(command, r
 
     slurm_cluster.sh(PREEMPT_SIGNAL, {**env, "JOB": job})
     slurm_cluster.wait(job, lambda j: j["Restarts"] == "1", 120, "requeued")
+    requeued_at = time.monotonic()
 
-    # SLURM may hold a requeued job for ~2 min (Reason=BeginTime) so nodes can clean up; release it
-    # (it may start meanwhile, then the update is refused and that is fine).
+    # SLURM holds a requeued job (Reason=BeginTime, up to ~2 min) so the nodes can clean up; release
+    # it sooner, but not within the same few seconds: slurmd revokes the old incarnation's job
+    # credential with 1 s granularity, and a launch in that second fails ("Job credential revoked").
     def done_or_release(j: dict[str, str]) -> bool:
-        if j["JobState"] == "PENDING" and j.get("Reason") == "BeginTime":
+        if j["JobState"] == "PENDING" and j.get("Reason") == "BeginTime" and time.monotonic() - requeued_at > 3:
             slurm_cluster.sh(f"scontrol update JobId={job} StartTime=now || true")
         return j["JobState"] not in ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED")
 
