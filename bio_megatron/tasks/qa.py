@@ -13,6 +13,9 @@ from bio_megatron.evaluation.bioasq import build_submission, factoid_scores, sub
 from bio_megatron.evaluation.squad import evaluate as squad_evaluate
 from bio_megatron.tasks.heads import spanning_loss
 from bio_megatron.tasks.qa_data import QAExample, QAFeature, build_features, load_json, postprocess, read_bioasq_golden
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
 
 
 @dataclass
@@ -47,7 +50,14 @@ class QaTask:
 
         path = Path(self.d.data_dir) / name
         examples = read_squad(path)[:limit]
-        if training:  # v1.1 training data never has unanswerable questions; v2 marks them with is_impossible
+        if not self.d.version_2_with_negative:
+            # SQuAD v1.1 semantics: every question has an answer (its official scorer cannot score others)
+            kept = [e for e in examples if e.answers and not e.is_impossible]
+            if len(kept) < len(examples):
+                log.warning("%s: %d unanswerable question(s) skipped (version_2_with_negative is false)", path,
+                            len(examples) - len(kept))
+            examples = kept
+        elif training:  # v2: a question is either answered or marked is_impossible (target [CLS])
             examples = [e for e in examples if e.answers or e.is_impossible]
         feats = build_features(examples, self.tokenizer, self.d.max_seq_length, self.d.doc_stride,
                                self.d.max_query_length, training=training)
