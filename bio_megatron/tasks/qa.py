@@ -12,7 +12,8 @@ import torch
 from bio_megatron.evaluation.bioasq import build_submission, factoid_scores, submission_answers
 from bio_megatron.evaluation.squad import evaluate as squad_evaluate
 from bio_megatron.tasks.heads import spanning_loss
-from bio_megatron.tasks.qa_data import QAExample, QAFeature, build_features, load_json, postprocess, read_bioasq_golden
+from bio_megatron.tasks.qa_data import (QAExample, QAFeature, build_features, load_json, postprocess,
+                                        read_bioasq_golden, read_squad)
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -46,8 +47,6 @@ class QaTask:
         self.splits = {"train": self.train}
 
     def _split(self, name: str, limit: int | None, training: bool) -> QaSplit:
-        from bio_megatron.tasks.qa_data import read_squad
-
         path = Path(self.d.data_dir) / name
         examples = read_squad(path)[:limit]
         if not self.d.version_2_with_negative:
