@@ -28,14 +28,35 @@ def test_tp2_and_tp2pp2_equal_tp1(tmp_path):
     assert labels == ["O", "B-Chemical", "I-Chemical"]
 
 
+def _learn_and_predict(over: list[str]) -> dict:
+    """Fine-tune, then run ``predict ner`` on dev sentences written as plain text (reloading the best checkpoint)."""
+    from ft_runs import ROOT
+
+    from bio_megatron.predict.common import load_finetuned, single_process
+    from bio_megatron.predict.ner import predict_entities
+    from bio_megatron.tasks.ner_data import read_iob
+
+    res = finetune_rank("ner", over)
+    single_process()
+    loaded = load_finetuned(res["checkpoint"])
+    sents = read_iob(ROOT / "tests" / "fixtures" / "finetune" / "bc5cdr_chem_devel_head.tsv")[:40]
+    docs = [" ".join(s.words) for s in sents]
+    res["predicted"] = [(d, predict_entities(loaded, d)) for d in docs]
+    return res
+
+
 def test_learning_check_bc5cdr_chem(tmp_path):
     """A tiny model fine-tuned from scratch on 600 real BC5CDR-chem sentences must find chemicals on 200
     held-out dev sentences (an all-O tagger scores F1 = 0)."""
     over = [f"exp_manager.exp_dir={tmp_path}", "trainer.max_epochs=8", "trainer.val_check_interval=100",
             "model.hidden_dropout=0.0", "model.attention_dropout=0.0"]
-    (res,) = run_world(1, finetune_rank, "ner", over)
+    (res,) = run_world(1, _learn_and_predict, over)
     print("learning check:", json.dumps({"dev_f1": res["dev"]["f1"], "test_f1": res["test"]["f1"],
                                          "seconds": res["train_seconds"]}))
     assert res["dev"]["f1"] > 20.0, res["dev"]
     assert res["test"]["f1"] == res["dev"]["f1"]  # test file = dev slice here: the best checkpoint was reloaded
     assert res["losses"][-1] < 0.5 * res["losses"][0]
+    found = [(doc, e) for doc, ents in res["predicted"] for e in ents]
+    assert len(found) >= 5  # the trained tagger finds chemicals in raw text ...
+    for doc, e in found:  # ... with exact character offsets
+        assert doc[e["start"]:e["end"]] == e["text"] and e["type"] == "Chemical"
