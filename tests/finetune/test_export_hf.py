@@ -43,10 +43,12 @@ def _export_compare(ckpt: str, out: str, back: str) -> dict:
     expected = [(labels[int(probs[i + 1].argmax())], float(probs[i + 1].max())) for i in range(len(got))]
     import_hf(out, back)
     again, labels_back = _our_logits(back, enc["input_ids"], enc["attention_mask"])
+    from_hf, _ = _our_logits(out, enc["input_ids"], enc["attention_mask"])  # predict/finetune read HF folders too
     return {"diff": (ours - theirs)[valid].abs().max().item(), "scale": ours[valid].abs().max().item(),
             "id2label": [hf.config.id2label[i] for i in range(hf.config.num_labels)], "labels": labels,
             "pipeline": [(g["entity"], g["score"], g["word"]) for g in got], "expected": expected,
-            "roundtrip": (again - ours)[valid].abs().max().item(), "labels_back": labels_back}
+            "roundtrip": (again - ours)[valid].abs().max().item(), "labels_back": labels_back,
+            "from_hf": (from_hf - ours)[valid].abs().max().item()}
 
 
 def test_tp2_checkpoint_exports_and_roundtrips(tmp_path):
@@ -60,7 +62,7 @@ def test_tp2_checkpoint_exports_and_roundtrips(tmp_path):
     assert len(res["pipeline"]) >= 10  # every word piece of the sentence
     for (label, score, _), (exp_label, exp_score) in zip(res["pipeline"], res["expected"]):
         assert label == exp_label and abs(score - exp_score) < 1e-4
-    assert res["roundtrip"] < 1e-4
+    assert res["roundtrip"] < 1e-4 and res["from_hf"] < 1e-4
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "label_ids.csv").is_file()
 
 
