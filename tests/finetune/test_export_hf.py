@@ -1,4 +1,4 @@
-"""Export/import with Hugging Face: a TP2-trained NER checkpoint exports to MegatronBertForTokenClassification
+"""Export/import with Hugging Face: a TP2xPP2-trained NER checkpoint exports to MegatronBertForTokenClassification
 whose logits (and a ``pipeline("token-classification")`` run) equal our model's; importing it back gives the
 same logits; heads HF cannot express are refused with the setting named."""
 
@@ -51,10 +51,11 @@ def _export_compare(ckpt: str, out: str, back: str) -> dict:
             "from_hf": (from_hf - ours)[valid].abs().max().item()}
 
 
-def test_tp2_checkpoint_exports_and_roundtrips(tmp_path):
-    run_world(2, finetune_rank, "ner", TRAIN + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp2",
-                                                "model.tensor_model_parallel_size=2"])
-    ckpt = tmp_path / "tp2" / "checkpoints"
+def test_tp2pp2_checkpoint_exports_and_roundtrips(tmp_path):
+    run_world(4, finetune_rank, "ner", TRAIN + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp2pp2",
+                                                "model.tensor_model_parallel_size=2",
+                                                "model.pipeline_model_parallel_size=2"])
+    ckpt = tmp_path / "tp2pp2" / "checkpoints"
     (res,) = run_world(1, _export_compare, str(ckpt), str(tmp_path / "hf"), str(tmp_path / "back"))
     assert res["scale"] > 0.5
     assert res["diff"] < 1e-4, res
