@@ -1,10 +1,11 @@
-"""NER fine-tuning on real BC5CDR-chem slices: layout invariance (TP2, TP2xPP2 vs TP1) and a learning check."""
+"""NER fine-tuning on real BC5CDR-chem slices: layout invariance (TP2, TP2xPP2 vs TP1; IOB vs NeMo format)
+and a learning check."""
 
 from __future__ import annotations
 
 import json
 
-from ft_runs import finetune_rank
+from ft_runs import ROOT, finetune_rank
 from harness import run_world
 
 QUICK = ["trainer.max_steps=3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.head.fc_dropout=0.0",
@@ -14,8 +15,17 @@ QUICK = ["trainer.max_steps=3", "model.hidden_dropout=0.0", "model.attention_dro
 
 def test_tp2_and_tp2pp2_equal_tp1(tmp_path):
     ref = run_world(1, finetune_rank, "ner", QUICK + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp1"])[0]
+    # TP2 reads the same sentences in NeMo's text_*/labels_* format (converted from the IOB files)
+    from bio_megatron.tasks.ner_data import iob_to_nemo
+
+    fixtures = ROOT / "tests" / "fixtures" / "finetune"
+    iob_to_nemo(fixtures / "bc5cdr_chem_train_head.tsv", tmp_path / "nemo", "train")
+    iob_to_nemo(fixtures / "bc5cdr_chem_devel_head.tsv", tmp_path / "nemo", "dev")
     tp2 = run_world(2, finetune_rank, "ner", QUICK + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp2",
-                                                      "model.tensor_model_parallel_size=2"])
+                                                      "model.tensor_model_parallel_size=2", "model.dataset.format=nemo",
+                                                      f"model.dataset.data_dir={tmp_path / 'nemo'}",
+                                                      "model.dataset.train_file=text_train.txt",
+                                                      "model.dataset.dev_file=text_dev.txt"])
     tp2pp2 = run_world(4, finetune_rank, "ner", QUICK + [f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=tp2pp2",
                                                          "model.tensor_model_parallel_size=2",
                                                          "model.pipeline_model_parallel_size=2"])
