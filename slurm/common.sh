@@ -84,7 +84,8 @@ bm_export_env() {
 
 # Build the srun command line for the chosen launcher and environment into the array SRUN_CMD.
 bm_build_command() {
-  local cmd=$1
+  local -a words
+  read -r -a words <<< "$1"  # the CLI sub-command, e.g. "pretrain" or "finetune ner"
   shift
   local -a args=(--config "$RECIPE")
   # shellcheck disable=SC2206  # OVERRIDES is a space-separated list of key=value on purpose
@@ -105,7 +106,7 @@ bm_build_command() {
     SRUN_CMD+=(--ntasks-per-node="$GPUS_PER_NODE" --ntasks=$((SLURM_NNODES * GPUS_PER_NODE))
                bash -c 'trap "" USR1; export RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS
                         LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"'
-               bio-megatron bio-megatron "$cmd" "${args[@]}")
+               bio-megatron bio-megatron "${words[@]}" "${args[@]}")
   else
     # One torchrun per node, c10d rendezvous on the first host. srun's USR1 reaches every process of
     # the step; the torchrun agent ignores it (its default action would kill the agent, and its TERM
@@ -118,7 +119,7 @@ bm_build_command() {
                bash -c 'trap "" USR1; exec torchrun --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"' torchrun
                --nnodes="$SLURM_NNODES" --nproc-per-node="$GPUS_PER_NODE"
                --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID"
-               --max-restarts=0 -m bio_megatron "$cmd" "${args[@]}")
+               --max-restarts=0 -m bio_megatron "${words[@]}" "${args[@]}")
   fi
 }
 
@@ -159,6 +160,7 @@ bm_status_field() {
 }
 
 # Launch the training step, wait for it, requeue if the trainer reports it was interrupted.
+# usage: bm_launch "<sub-command words>" [extra CLI arguments / key=value overrides...]
 bm_launch() {
   local cmd=$1
   shift
