@@ -32,7 +32,9 @@ class FinetuneTrainerConfig(TrainerConfig):
 
 @dataclass
 class FinetuneExpManagerConfig(ExpManagerConfig):
-    resume_if_exists: bool = False
+    resume_if_exists: bool = True
+    """Continue a preempted run from ``<run>/resume/latest`` (written on SIGTERM/SIGUSR1; removed when the run
+    finishes); a finished seed of a sweep is not run again."""
 
 
 @dataclass

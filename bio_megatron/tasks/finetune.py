@@ -8,6 +8,7 @@ from the same seed; each data-parallel rank takes its share, cut into micro-batc
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import time
@@ -29,6 +30,7 @@ from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_mod
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.loop import LoopState, run_batches, train
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.training.signals import StopRequest
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -183,10 +185,12 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
     scheduler = build_scheduler(optimizer, m.optim, max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
-    run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
+    run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
     is_writer = world.rank == 0
-    if is_writer:
+    resume = ckpt.latest_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
+    if is_writer and resume is None:
         shutil.rmtree(ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
+    dist.barrier()
     dev = task.split("dev")
     if dev is None:
         raise ConfigError("model.dataset.dev_file is required: the best checkpoint is chosen on dev")
@@ -198,6 +202,12 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
     history: list[dict] = []
+    if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
+        state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout)
+        saved = json.loads((resume_root / "state.json").read_text())
+        best.update(saved["best"], metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
+        history.extend(saved["history"])
+        log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
     meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
             "labels": getattr(task, "labels", None)}
 
@@ -226,16 +236,33 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
             log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s", s, max_steps, loss, lr,
                      f"{gnorm:.3f}" if gnorm is not None else "-")
 
+    def save_for_resume(step: int) -> None:
+        """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
+        ckpt.save_checkpoint(resume_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout, meta)
+        if is_writer:
+            kept = {**best, "path": str(best["path"]) if best["path"] else None,
+                    "metric": best["metric"] if best["step"] is not None else None}
+            write_json_atomic(resume_root / "state.json", {"best": kept, "history": history})
+        dist.barrier()
+
+    stop = StopRequest()
     state.hooks = {"on_step": on_step, "should_validate": lambda s: s % every == 0 or s == max_steps,
                    "on_validate": lambda s, _: evaluate_dev(s), "val_batches": 0,
-                   "should_save": lambda s: False, "save": lambda s: None, "should_stop": lambda: False}
+                   "should_save": lambda s: False, "save": save_for_resume, "should_stop": stop.agreed}
     log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d", cfg.task,
              len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
              m.pipeline_model_parallel_size, ps.get_data_parallel_world_size())
     t0 = time.perf_counter()
-    train(state)
-    result = {"task": cfg.task, "best_step": best["step"], "dev": best["dev"], "checkpoint": str(best["path"]),
-              "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
+    try:
+        status = train(state)
+    finally:
+        stop.restore()
+    result = {"task": cfg.task, "status": status, "best_step": best["step"], "dev": best["dev"],
+              "checkpoint": str(best["path"]), "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
+    if status == "interrupted":
+        ckpt.shutdown_writer()
+        log.info("interrupted at step %d; rerun with the same exp_manager.name to resume", state.step)
+        return result
     test = task.split("test")
     if test is not None:
         ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)
@@ -243,5 +270,6 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
         result["test"] = task.score(test, predict_split(eval_state, batches, test, len(test.features)))
     if is_writer:
         write_json_atomic(run_dir / "results.json", result)
+        shutil.rmtree(resume_root, ignore_errors=True)  # finished: nothing to resume
     ckpt.shutdown_writer()
     return result

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import statistics
 from pathlib import Path
 
@@ -53,8 +54,16 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
             if n is not None:
                 _set_layers(variant, n)
                 variant.model.fc_hidden_size = w
-            log.info("sweep run %s", tag)
-            res = run_finetuning(variant)
+            done = variant.run_dir / "results.json"
+            if variant.exp_manager.resume_if_exists and done.is_file() and \
+                    json.loads(done.read_text()).get("status") == "finished":
+                log.info("sweep run %s already finished (%s): not run again", tag, done)
+                res = json.loads(done.read_text())
+            else:
+                log.info("sweep run %s", tag)
+                res = run_finetuning(variant)
+            if res.get("status") == "interrupted":
+                return {"benchmark": cfg.name, "task": cfg.task, "status": "interrupted", "interrupted_run": tag}
             runs.append({"num_fc_layers": n, "fc_hidden_size": w, "seed": seed, "dev": res["dev"],
                          "test": res.get("test"), "checkpoint": res["checkpoint"]})
     metric = "mrr" if cfg.task == "qa" and cfg.model.dataset.bioasq_golden else "f1"  # what run_finetuning selects on
@@ -65,7 +74,7 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
                   "dev_" + metric: statistics.fmean(r["dev"][metric] for r in rs)} for p, rs in by_point.items()]
     best = max(grid_rows, key=lambda row: row["dev_" + metric])
     chosen = by_point[(best["num_fc_layers"], best["fc_hidden_size"])]
-    summary = {"benchmark": cfg.name, "task": cfg.task, "metric": metric, "seeds": seeds, "selected": best,
+    summary = {"benchmark": cfg.name, "task": cfg.task, "status": "finished", "metric": metric, "seeds": seeds, "selected": best,
                "grid": grid_rows if grid else None, "runs": runs,
                "dev": {k: spread([r["dev"][k] for r in chosen]) for k in _metrics(cfg) if k in chosen[0]["dev"]}}
     if all(r["test"] for r in chosen):
