@@ -172,7 +172,9 @@ def test_scancel_checkpoints_and_the_job_stays_cancelled(slurm_cluster, tiny_cor
     info = slurm_cluster.job(job)
     log = slurm_cluster.job_log(info)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, log[-4000:])
-    assert "received SIGTERM" in log and "not requeueing" in log, log[-4000:]
+    # (The batch shell's own "not requeueing" line may be cut off: SLURM SIGKILLs a cancelled job's
+    # processes KillWait seconds after the TERM, 5 s on the test cluster.)
+    assert "received SIGTERM" in log, log[-4000:]
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "interrupted", status
     assert (run / "checkpoints" / "latest").read_text().strip() == str(status["step"])
