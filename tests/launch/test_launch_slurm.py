@@ -173,7 +173,7 @@ def test_scancel_checkpoints_and_the_job_stays_cancelled(slurm_cluster, tiny_cor
     log = slurm_cluster.job_log(info)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", (info, log[-4000:])
     # (The batch shell's own "not requeueing" line may be cut off: SLURM SIGKILLs a cancelled job's
-    # processes KillWait seconds after the TERM, 5 s on the test cluster.)
+    # processes KillWait seconds after the TERM, 30 s on the test cluster.)
     assert "received SIGTERM" in log, log[-4000:]
     status = json.loads((run / "status.json").read_text())
     assert status["state"] == "interrupted", status

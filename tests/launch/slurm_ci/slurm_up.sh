@@ -22,6 +22,9 @@ NETNS=${SLURM_CI_NETNS-slurmci}           # "" = stay in host netns (bind 127.0.
 CTLD_PORT=${SLURM_CI_CTLD_PORT:-6817}
 BASE_PORT=${SLURM_CI_BASE_PORT:-17001}
 READY_TIMEOUT=${SLURM_CI_READY_TIMEOUT:-60}
+# SLURM's default (30 s): a cancelled job's trainers get that long to checkpoint before SIGKILL
+# (the reference's 5 s was too short for a checkpoint on a loaded 2-core machine).
+KILL_WAIT=${SLURM_CI_KILL_WAIT:-30}
 SPANK_SO=${SLURM_CI_SPANK_SO:-}            # e.g. a fake pyxis SPANK plugin (.so) to load
 
 ts() { date +%s.%N; }
@@ -132,7 +135,7 @@ ReturnToService=2
 SchedulerParameters=batch_sched_delay=0,sched_min_interval=0   # default batch_sched_delay=3 adds ~3s per sbatch
 SlurmctldTimeout=30
 SlurmdTimeout=30
-KillWait=5
+KillWait=$KILL_WAIT
 MinJobAge=300
 GresTypes=gpu
 EOF
