@@ -39,7 +39,10 @@ bm_check_config() {
   fi
   if [ -z "$CONTAINER_IMAGE" ]; then
     # Bare metal: the recipe is read on the host, so a typo is caught here instead of on every rank.
-    [ -f "$RECIPE" ] || bm_die "RECIPE '$RECIPE' not found (relative to $(pwd))"
+    # A bare name (e.g. bc5cdr_chem) is looked up by the CLI in nemo_configs/ and checked there.
+    if [[ "$RECIPE" == */* || "$RECIPE" == *.yaml ]] && [ ! -f "$RECIPE" ]; then
+      bm_die "RECIPE '$RECIPE' not found (relative to $(pwd))"
+    fi
     if [ -n "$VENV" ] && [ ! -f "$VENV/bin/activate" ]; then
       bm_die "VENV '$VENV' is not a virtual environment (no bin/activate); set VENV= to use the current PATH"
     fi
