@@ -210,6 +210,13 @@ bm_launch() {
   fi
   rm -f "$marker"
   bm_log "training step exited with $rc, trainer state '${state:-unknown}' at step ${step:-unknown}"
+  if [ -z "$state" ] && [ "$BM_SIGNALLED" = 1 ] && [ "$rc" = 0 ]; then
+    # A trainer without a run-level status.json (fine-tuning keeps its state per seed) that exits 0
+    # after the warning has saved what it needs to resume; a spurious requeue of a run that had just
+    # finished only re-reads its final state.
+    state=interrupted
+    bm_log "no status.json; the trainers exited 0 after the warning, so the run counts as interrupted"
+  fi
 
   if [ "$rc" = 0 ] && [ "$state" = interrupted ] && [ "$BM_TERMINATED" = 1 ]; then
     # TERM means the job is ending for good: scancel, or a scheduler that cancels (or requeues by
@@ -222,7 +229,7 @@ bm_launch() {
     if [ "$restarts" -ge "$MAX_REQUEUES" ]; then
       bm_die "interrupted, but the job was already requeued $restarts time(s) (MAX_REQUEUES=$MAX_REQUEUES)"
     fi
-    bm_log "requeueing job $SLURM_JOB_ID; it will resume from $run_dir/checkpoints/latest"
+    bm_log "requeueing job $SLURM_JOB_ID; it will resume from the checkpoints in $run_dir"
     # Refused when the job was cancelled (scancel also sends TERM) or is not requeueable.
     scontrol requeue "$SLURM_JOB_ID" \
       || bm_die "scontrol requeue $SLURM_JOB_ID refused; resubmit with the same RUN_NAME to resume"
