@@ -31,6 +31,12 @@ if [ -n "$NETNS" ] && [ -e "/run/netns/$NETNS" ]; then
   for p in $(ip netns pids "$NETNS" 2>/dev/null); do alive "$p" && kill -KILL "$p" 2>/dev/null; done
   ip netns del "$NETNS" 2>/dev/null || true
 fi
-h=$(grep -v '# slurm-ci$' /etc/hosts); printf '%s\n' "$h" > /etc/hosts   # no sed -i: /etc/hosts may be a bind mount
+# Only this cluster's line (see slurm_up.sh); no sed -i: /etc/hosts may be a bind mount.
+MARK="# slurm-ci $ROOT"
+(
+  flock 9
+  h=$(awk -v m="$MARK" 'substr($0, length($0) - length(m) + 1) != m' /etc/hosts)
+  printf '%s\n' "$h" > /etc/hosts
+) 9>/run/slurm-ci-hosts.lock
 if [ "$KEEP" != 1 ]; then rm -rf "$ROOT"; fi
 echo "[slurm_down] done"

@@ -67,9 +67,16 @@ if [ -n "$NETNS" ]; then
 fi
 
 # ---------------------------------------------------------------- names
-if ! grep -q '# slurm-ci$' /etc/hosts; then
-  echo "127.0.0.1 $(seq -f 'node%g' -s ' ' 1 "$NNODES") # slurm-ci" >> /etc/hosts
-fi
+# One line per cluster, marked with its ROOT, so clusters of concurrent test sessions (e.g. two
+# engineers' `make test` on one host) add and remove only their own line; flock serialises the
+# read-modify-write of /etc/hosts with slurm_down.sh.
+MARK="# slurm-ci $ROOT"
+(
+  flock 9
+  if ! awk -v m="$MARK" 'substr($0, length($0) - length(m) + 1) == m {found = 1} END {exit !found}' /etc/hosts; then
+    echo "127.0.0.1 $(seq -f 'node%g' -s ' ' 1 "$NNODES") $MARK" >> /etc/hosts
+  fi
+) 9>/run/slurm-ci-hosts.lock
 HOST=$(hostname -s)
 case "$(getent ahostsv4 "$HOST" | awk 'NR==1{print $1}')" in
   127.*) : ;;
