@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -56,6 +57,9 @@ def demo(out: Path, steps: int, nproc: int) -> int:
     overrides = [f"model.data.data_prefix=[1.0,{prefix}]", f"exp_manager.exp_dir={out}", "exp_manager.name=tiny_tp2",
                  f"model.tensor_model_parallel_size={nproc}", f"trainer.max_steps={steps}",
                  f"model.tokenizer.vocab_file={VOCAB}"]
+    run_dir = out / "tiny_tp2"
+    if run_dir.exists():  # a demo always trains from scratch (the corpus above is reused)
+        shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "bio_megatron", "pretrain", "--config", str(recipe), *overrides]
     log.info("launching: %s", " ".join(cmd))
@@ -63,7 +67,6 @@ def demo(out: Path, steps: int, nproc: int) -> int:
     rc = subprocess.call(cmd, env=env)
     if rc != 0:
         raise BioMegatronError(f"pretraining exited with status {rc}")
-    run_dir = out / "tiny_tp2"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]
