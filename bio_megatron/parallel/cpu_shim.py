@@ -184,6 +184,20 @@ def _install_rng_tracker():
     tpr._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
 
 
+def prime_adam_state(opt) -> None:
+    """Allocate torch Adam/AdamW state (incl. ``step``) that only exists after a first step: megatron-core's
+    checkpointing needs it before a load or a state_dict() of a fresh optimizer."""
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        return
+    for grp in opt.param_groups:
+        for p in grp["params"]:
+            st = opt.state[p]
+            if "step" not in st:
+                st["step"] = torch.zeros((), dtype=torch.float32)
+                st.setdefault("exp_avg", torch.zeros_like(p))
+                st.setdefault("exp_avg_sq", torch.zeros_like(p))
+
+
 def _patch_torch_adam_distopt_checkpointing():
     """Without apex/TE, megatron falls back to torch.optim.AdamW, whose per-param state holds a tensor
     'step'. Two places in megatron-core 0.19.2 DistributedOptimizer break on that:
@@ -208,15 +222,7 @@ def _patch_torch_adam_distopt_checkpointing():
     _orig_set = D._set_main_param_and_optimizer_states
 
     def state_dict(self):
-        opt = self.optimizer
-        if isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-            for grp in opt.param_groups:
-                for p in grp["params"]:
-                    st = opt.state[p]
-                    if "step" not in st:
-                        st["step"] = torch.zeros((), dtype=torch.float32)
-                        st.setdefault("exp_avg", torch.zeros_like(p))
-                        st.setdefault("exp_avg_sq", torch.zeros_like(p))
+        prime_adam_state(self.optimizer)
         return _orig_state_dict(self)
 
     def _set_main_param_and_optimizer_states(self, model_param, tensors):
@@ -257,7 +263,10 @@ def install():
     global _INSTALLED, _MODE
     if _INSTALLED:
         return
-    if torch.cuda.is_available():  # real GPU: do nothing
+    if torch.cuda.is_available():
+        # Real GPU: no CUDA stand-ins. The torch-Adam distributed-optimizer fixes still apply when
+        # megatron-core runs without apex/TE (a plain pip install); the patch checks that itself.
+        _patch_torch_adam_distopt_checkpointing()
         _INSTALLED = True
         return
     c = torch.cuda

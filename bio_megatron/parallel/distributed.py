@@ -72,12 +72,12 @@ def use_gpu() -> bool:
 
 
 def init_distributed(world: WorldInfo | None = None, timeout_s: int = 600) -> WorldInfo:
-    """Initialise torch.distributed (idempotent) and return the world. Installs the CPU shim without a GPU."""
+    """Initialise torch.distributed (idempotent) and return the world. Installs the CPU shim without a GPU
+    (with one, only its torch-Adam distributed-optimizer checkpoint fixes)."""
     world = world or resolve_world()
-    if not use_gpu():
-        from bio_megatron.parallel import cpu_shim
+    from bio_megatron.parallel import cpu_shim
 
-        cpu_shim.install()
+    cpu_shim.install()
     if dist.is_initialized():
         return world
     # Export what megatron-core and child libraries read from the environment.

@@ -233,19 +233,11 @@ def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: L
 
 
 def _prime_adam_state(optimizer) -> None:
-    """Without apex/TE megatron falls back to torch Adam, whose state (incl. ``step``) only exists after a
-    step; dist-checkpointing needs it allocated before a load."""
+    """Allocate the inner torch Adam state of every (chained) optimizer before a load."""
+    from bio_megatron.parallel.cpu_shim import prime_adam_state
+
     for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        opt = getattr(sub, "optimizer", None)
-        if not isinstance(opt, torch.optim.Optimizer):
-            continue
-        for group in opt.param_groups:
-            for p in group["params"]:
-                st = opt.state[p]
-                if "step" not in st:
-                    st["step"] = torch.zeros((), dtype=torch.float32)
-                    st.setdefault("exp_avg", torch.zeros_like(p))
-                    st.setdefault("exp_avg_sq", torch.zeros_like(p))
+        prime_adam_state(getattr(sub, "optimizer", None))
 
 
 def write_status(run_dir: Path, state: str, step: int) -> None:

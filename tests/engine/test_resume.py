@@ -99,3 +99,16 @@ def test_tp2_checkpoint_resumes_at_another_layout(target, pubmed_prefix, tmp_pat
     assert sorted(got) == [3, 4]
     for step in (3, 4):
         assert got[step] == pytest.approx(ref[step], abs=1e-5), (step, got, ref)
+
+
+def test_distributed_optimizer_checkpoint_resumes_exactly(pubmed_prefix, tmp_path):
+    """DP2 with the distributed optimizer (fully_reshardable sharding, torch-Adam fallback fixes)."""
+    run_world(2, pretrain_rank, overrides(pubmed_prefix, tmp_path, "ref", distopt=True, steps=4, every=2))
+    ref = losses(tmp_path / "ref")
+    ckpt = tmp_path / "ref" / "checkpoints" / "iter_0000002"
+    run_world(2, pretrain_rank, overrides(pubmed_prefix, tmp_path, "resumed", distopt=True, steps=4,
+                                          extra=(f"exp_manager.resume_from_checkpoint={ckpt}",)))
+    got = losses(tmp_path / "resumed")
+    assert sorted(got) == [3, 4]
+    for step in (3, 4):
+        assert got[step] == pytest.approx(ref[step], abs=1e-6), (step, got, ref)
