@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
@@ -86,18 +86,24 @@ def iter_documents(path: str | Path, stats: ReadStats | None = None,
         yield from _iter_lines(fh, path, stats, strict)
 
 
+def parse_record(raw: bytes) -> tuple[Any, str | None]:
+    """Decode and validate one JSONL line: ``(document, None)``, or ``(None, why it is bad)``."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    why = validate_record(obj)
+    return (obj, None) if why is None else (None, why)
+
+
 def _iter_lines(fh: IO[bytes], path: Path, stats: ReadStats, strict: bool) -> Iterator[tuple[int, dict]]:
     for lineno, raw in enumerate(fh, 1):
         if not raw.strip():
             continue
         where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-            why = validate_record(obj)
-        except UnicodeDecodeError as exc:
-            why = f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
-        except json.JSONDecodeError as exc:
-            why = f"not valid JSON ({exc.msg} at column {exc.colno})"
+        obj, why = parse_record(raw)
         if why is not None:
             if strict:
                 raise DataError(why, str(path), lineno)

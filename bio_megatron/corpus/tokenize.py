@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bio_megatron.corpus.schema import ReadStats, validate_record
+from bio_megatron.corpus.schema import ReadStats, parse_record
 from bio_megatron.corpus.xmlio import Progress
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
@@ -71,13 +71,7 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
     stats = ReadStats()
     docs: list[list[str]] = []
     for path, lineno, raw in lines:
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-            why = validate_record(obj)
-        except UnicodeDecodeError as exc:
-            why = f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
-        except json.JSONDecodeError as exc:
-            why = f"not valid JSON ({exc.msg} at column {exc.colno})"
+        obj, why = parse_record(raw)
         if why is not None:
             stats.skip(f"{path}:{lineno}", why)
             continue

@@ -8,7 +8,6 @@ pieces that fit. Tags are read per word at the first sub-token, chunks follow co
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Iterator
 
@@ -19,26 +18,24 @@ from bio_megatron.predict.common import Loaded
 from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions
 from bio_megatron.tasks.re_data import split_sentences
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.io import iter_json_lines
 
 
 def read_documents(path: str | Path) -> Iterator[tuple[str, str]]:
     """(id, text) of every document: ``.jsonl`` lines ``{"id": ..., "text": ...}``, else one document per line."""
     path = Path(path)
+    missing = "input file not found (expected text.txt or docs.jsonl)"
+    if path.suffix == ".jsonl":
+        for lineno, rec in iter_json_lines(path, missing):
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                raise DataError('expected an object with a "text" string', str(path), lineno)
+            yield str(rec.get("id", lineno)), rec["text"]
+        return
     if not path.is_file():
-        raise DataError("input file not found (expected text.txt or docs.jsonl)", str(path))
+        raise DataError(missing, str(path))
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
-                if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                    raise DataError('expected an object with a "text" string', str(path), lineno)
-                yield str(rec.get("id", lineno)), rec["text"]
-            else:
+            if line.strip():
                 yield str(lineno), line.rstrip("\r\n")
 
 

@@ -6,7 +6,6 @@ answer text (``""`` = no answer, SQuAD v2), plus the n-best lists (the input of 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -14,28 +13,20 @@ import torch
 from bio_megatron.predict.common import Loaded
 from bio_megatron.tasks.qa_data import QAExample, build_features, postprocess, read_squad
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.io import iter_json_lines
 
 
 def read_questions(path: str | Path) -> list[QAExample]:
     path = Path(path)
     if path.suffix != ".jsonl":
         return read_squad(path)
-    if not path.is_file():
-        raise DataError("input file not found", str(path))
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
-            if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
-                raise DataError('expected an object with a "question" string', str(path), lineno)
-            if not isinstance(rec.get("context"), str) or not rec["context"].strip():
-                raise DataError(f'question {rec.get("id", lineno)!r} has no "context" text', str(path), lineno)
-            out.append(QAExample(str(rec.get("id", lineno)), rec["question"], rec["context"]))
+    for lineno, rec in iter_json_lines(path, "input file not found"):
+        if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
+            raise DataError('expected an object with a "question" string', str(path), lineno)
+        if not isinstance(rec.get("context"), str) or not rec["context"].strip():
+            raise DataError(f'question {rec.get("id", lineno)!r} has no "context" text', str(path), lineno)
+        out.append(QAExample(str(rec.get("id", lineno)), rec["question"], rec["context"]))
     return out
 
 

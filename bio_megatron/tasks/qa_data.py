@@ -22,6 +22,7 @@ import numpy as np
 
 from bio_megatron.evaluation.bioasq import golden_factoids
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.io import load_json  # noqa: F401  (re-exported: tasks.qa, cli.evaluate)
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -45,17 +46,6 @@ class QAFeature:
     token_is_max_context: list[bool]
     start_position: int = 0  # training target; 0 ([CLS]) = no answer in this window
     end_position: int = 0
-
-
-def load_json(path: str | Path) -> object:
-    """``json.load`` with a :class:`DataError` naming the file and line on broken JSON."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found", str(path))
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), exc.lineno) from None
 
 
 def _line_of(raw: str, needle: str) -> int | None:

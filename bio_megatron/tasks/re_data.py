@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Sequence
 
 from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, NEGATIVE_LABEL, POSITIVE_LABELS
 from bio_megatron.utils.errors import DataError
-from bio_megatron.utils.io import atomic_open
+from bio_megatron.utils.io import atomic_open, iter_json_lines
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -46,23 +45,14 @@ class RelationExample:
 def read_scibert_jsonl(path: str | Path) -> list[RelationExample]:
     """Read SciBERT's ChemProt JSON lines; labels are mapped to CPR groups, entity markers kept."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found (expected SciBERT ChemProt JSON lines)", str(path))
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
-            if not isinstance(rec, dict) or "text" not in rec or "label" not in rec:
-                raise DataError('expected an object with "text" and "label"', str(path), lineno)
-            if rec["label"] not in FINE_TO_CPR:
-                raise DataError(f"unknown ChemProt label {rec['label']!r}; known: {sorted(FINE_TO_CPR)}",
-                                str(path), lineno)
-            out.append(RelationExample(rec["text"], FINE_TO_CPR[rec["label"]], f"{path.name}:{lineno}"))
+    for lineno, rec in iter_json_lines(path, "file not found (expected SciBERT ChemProt JSON lines)"):
+        if not isinstance(rec, dict) or "text" not in rec or "label" not in rec:
+            raise DataError('expected an object with "text" and "label"', str(path), lineno)
+        if rec["label"] not in FINE_TO_CPR:
+            raise DataError(f"unknown ChemProt label {rec['label']!r}; known: {sorted(FINE_TO_CPR)}",
+                            str(path), lineno)
+        out.append(RelationExample(rec["text"], FINE_TO_CPR[rec["label"]], f"{path.name}:{lineno}"))
     return out
 
 

@@ -10,6 +10,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
 
+from bio_megatron.utils.errors import DataError
+
 
 @contextlib.contextmanager
 def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
@@ -49,3 +51,30 @@ def write_json_atomic(target: str | os.PathLike, obj: Any, indent: int | None = 
     with atomic_open(target, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=indent, sort_keys=False)
         fh.write("\n")
+
+
+def load_json(path: str | os.PathLike, missing: str = "file not found") -> Any:
+    """``json.load`` with a :class:`DataError` naming the file and line on broken JSON."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(missing, str(path))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), exc.lineno) from None
+
+
+def iter_json_lines(path: str | os.PathLike, missing: str = "file not found") -> Iterator[tuple[int, Any]]:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file; broken JSON is a
+    :class:`DataError` naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(missing, str(path))
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"broken JSON: {exc.msg} (column {exc.colno})", str(path), lineno) from None
