@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bio_megatron.config.loader import deep_merge, from_dict, load_yaml_recipe, parse_overrides
+from bio_megatron.config.loader import build_config, deep_merge, load_yaml_recipe, parse_overrides
 from bio_megatron.config.pretrain import ExpManagerConfig, ModelConfig, SchedConfig, OptimConfig, TrainerConfig
-from bio_megatron.config.pretrain import validate as validate_encoder
+from bio_megatron.config.pretrain import encoder_problems
 from bio_megatron.utils.errors import ConfigError
 
 TASKS = ("ner", "re", "qa")
@@ -185,13 +185,11 @@ FinetuneConfig = NerConfig | ReConfig | QaConfig
 
 def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     """Encoder/layout checks of the pretraining config plus the task's own, all reported together."""
-    problems: list[str] = []
     m, d = cfg.model, cfg.model.dataset
-    try:
-        validate_encoder(cfg, world_size)  # duck-typed: reads cfg.model / cfg.trainer only
-    except ConfigError as exc:
-        # max_steps=-1 is valid here (derived from max_epochs).
-        problems.extend(p for p in exc.problems if not p.startswith("trainer.max_steps (-1)"))
+    # trainer.max_steps may be -1 here (derived from max_epochs), so only the encoder's checks are shared.
+    problems = encoder_problems(m, cfg.trainer, world_size)
+    if cfg.trainer.max_steps < 1 and cfg.trainer.max_steps != -1:
+        problems.append(f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1 (or -1: from max_epochs)")
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")
@@ -230,8 +228,10 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     raw = deep_merge(raw, parse_overrides(list(overrides)))
     if raw.get("task", task) != task:
         raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
-    cfg = from_dict(CONFIG_CLASSES[task], raw)
-    # The encoder's sequence length is the task's max_seq_length (batches are padded to at most that).
-    cfg.model.encoder_seq_length = cfg.model.dataset.max_seq_length
-    validate(cfg, world_size)
-    return cfg
+
+    def prepare(cfg: FinetuneConfig) -> None:
+        # The encoder's sequence length is the task's max_seq_length (batches are padded to at most that).
+        cfg.model.encoder_seq_length = cfg.model.dataset.max_seq_length
+
+    return build_config(CONFIG_CLASSES[task], raw, lambda cfg: validate(cfg, world_size),
+                        str(path) if path else None, prepare)

@@ -11,7 +11,7 @@ import dataclasses
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, TypeVar
 
 import yaml
 
@@ -164,6 +164,23 @@ def from_dict(cls: type[T], data: dict, path: str = "", problems: list[str] | No
     if own and problems:
         raise ConfigError(problems)
     return obj  # type: ignore[return-value]
+
+
+def build_config(cls: type[T], raw: dict, validate: Callable[[T], None], source: str | None = None,
+                 prepare: Callable[[T], None] | None = None) -> T:
+    """``from_dict`` then ``validate`` on what parsed, so that unknown keys, bad types and impossible
+    layouts are all reported in one ConfigError. ``prepare`` derives fields before validation."""
+    problems: list[str] = []
+    cfg = from_dict(cls, raw, problems=problems)
+    if prepare is not None:
+        prepare(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as exc:
+        problems.extend(p for p in exc.problems if p not in problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
 
 
 def _type_name(tp: Any) -> str:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bio_megatron.config.loader import from_dict, load_yaml_recipe, parse_overrides, deep_merge
+from bio_megatron.config.loader import build_config, deep_merge, load_yaml_recipe, parse_overrides
 from bio_megatron.config.sizes import SIZES, ModelShape
 from bio_megatron.utils.errors import ConfigError
 
@@ -152,21 +152,25 @@ class PretrainConfig:
 
 def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
     """Every problem with the config at once, each quoting its values. ``world_size`` adds layout checks."""
-    m, t = cfg.model, cfg.trainer
-    problems: list[str] = []
-    if m.size not in SIZES:
-        problems.append(f"model.size ({m.size!r}) must be one of {', '.join(SIZES)}")
-        raise ConfigError(problems)
-    s = m.shape()
-    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    for name, v in (("model.tensor_model_parallel_size", tp), ("model.pipeline_model_parallel_size", pp),
-                    ("model.micro_batch_size", m.micro_batch_size), ("model.global_batch_size", m.global_batch_size),
-                    ("trainer.max_steps", t.max_steps), ("trainer.log_every_n_steps", t.log_every_n_steps),
-                    ("model.encoder_seq_length", m.encoder_seq_length)):
-        if v < 1:
-            problems.append(f"{name} ({v}) must be >= 1")
+    problems = [f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1"] if cfg.trainer.max_steps < 1 else []
+    problems += encoder_problems(cfg.model, cfg.trainer, world_size)
     if problems:
         raise ConfigError(problems)
+
+
+def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None) -> list[str]:
+    """Problems with the encoder, batch and parallel layout (shared by pretraining and fine-tuning)."""
+    if m.size not in SIZES:
+        return [f"model.size ({m.size!r}) must be one of {', '.join(SIZES)}"]
+    s = m.shape()
+    tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+    problems = [f"{name} ({v}) must be >= 1" for name, v in (
+        ("model.tensor_model_parallel_size", tp), ("model.pipeline_model_parallel_size", pp),
+        ("model.micro_batch_size", m.micro_batch_size), ("model.global_batch_size", m.global_batch_size),
+        ("trainer.log_every_n_steps", t.log_every_n_steps), ("model.encoder_seq_length", m.encoder_seq_length))
+        if v < 1]
+    if problems:  # the divisibility checks below would divide by zero
+        return problems
     if s.num_layers % pp:
         problems.append(f"num_layers ({s.num_layers}) must be divisible by pipeline_model_parallel_size ({pp})")
     if s.num_attention_heads % tp:
@@ -206,8 +210,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
         if isinstance(t.devices, int) and t.devices * t.num_nodes != world_size:
             problems.append(f"trainer.devices * trainer.num_nodes ({t.devices} * {t.num_nodes}) does not match "
                             f"the launched world size ({world_size}); set trainer.devices=auto or fix the launch")
-    if problems:
-        raise ConfigError(problems)
+    return problems
 
 
 def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), world_size: int | None = None
@@ -215,15 +218,7 @@ def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), wor
     """Recipe + overrides -> validated ``PretrainConfig`` (raises ConfigError listing every problem)."""
     raw = load_yaml_recipe(path) if path else {}
     raw = deep_merge(raw, parse_overrides(list(overrides)))
-    problems: list[str] = []
-    cfg = from_dict(PretrainConfig, raw, problems=problems)
-    try:  # layout checks run on what parsed, so unknown keys and impossible layouts are reported together
-        validate(cfg, world_size)
-    except ConfigError as exc:
-        problems.extend(p for p in exc.problems if p not in problems)
-    if problems:
-        raise ConfigError(problems, str(path) if path else None)
-    return cfg
+    return build_config(PretrainConfig, raw, lambda cfg: validate(cfg, world_size), str(path) if path else None)
 
 
 def data_blend(cfg: DataConfig) -> tuple[list[str], list[float] | None]:
