@@ -204,9 +204,6 @@ def task_config_for_hf(src: Source):
 
 def import_hf(hf_dir: str | Path, out: str | Path) -> dict:
     """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder."""
-    from megatron.core import dist_checkpointing
-
-    from bio_megatron.config.loader import to_dict
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
@@ -241,20 +238,10 @@ def import_hf(hf_dir: str | Path, out: str | Path) -> dict:
         full = read_hf_state(hf_dir, m.shape(), padded, src.task)
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
     load_full_state(model, full)
-    ckpt._fast_write_queue()  # fork-context writer: no re-import of __main__ on CPU
-    with atomic_path(out) as tmp:
-        tmp.mkdir()
-        strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
-        dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 0}, str(tmp),
-                                sharded_strategy=strategy)
-        (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        (tmp / "vocab.txt").write_text(Path(src.vocab_file).read_text(encoding="utf-8"), encoding="utf-8")
-        if src.labels:
-            (tmp / "label_ids.csv").write_text("\n".join(src.labels) + "\n", encoding="utf-8")
-        meta = {"format": "bio_megatron/1", "iteration": 0, "model_only": True, "imported_from": str(hf_dir),
-                "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False}, "task": src.task,
-                "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels}
-        (tmp / "bio_megatron.json").write_text(json.dumps(meta, indent=2) + "\n")
-    ckpt.shutdown_writer()
+    ckpt.save_model_checkpoint(
+        out, model, cfg, src.vocab_file,
+        {"imported_from": str(hf_dir), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
+         "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
+        files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
     log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
     return {"out": str(out), "task": src.task, "labels": src.labels}

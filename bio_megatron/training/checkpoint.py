@@ -25,7 +25,7 @@ import yaml
 
 from bio_megatron.config.loader import to_dict
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.utils.io import atomic_open, write_json_atomic
+from bio_megatron.utils.io import atomic_open, atomic_path, write_json_atomic
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -166,6 +166,33 @@ def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, wit
     return state
 
 
+def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: dict[str, str] | None = None) -> None:
+    """What makes a checkpoint directory self-describing: resolved config, vocabulary, metadata."""
+    (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    shutil.copyfile(vocab_file, directory / "vocab.txt")
+    for name, text in (files or {}).items():
+        (directory / name).write_text(text, encoding="utf-8")
+    (directory / "bio_megatron.json").write_text(json.dumps({"format": "bio_megatron/1", **meta}, indent=2) + "\n")
+
+
+def save_model_checkpoint(out: Path, model, cfg, vocab_file: str | Path, meta: dict,
+                          files: dict[str, str] | None = None) -> Path:
+    """A model-only checkpoint (iteration 0) written by one process, atomically (``import hf``)."""
+    from megatron.core import dist_checkpointing
+
+    _fast_write_queue()
+    try:
+        with atomic_path(out) as tmp:
+            tmp.mkdir()
+            strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
+            dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 0}, str(tmp),
+                                    sharded_strategy=strategy)
+            _describe(tmp, cfg, vocab_file, {"iteration": 0, "model_only": True, **meta}, files)
+    finally:
+        shutdown_writer()
+    return Path(out)
+
+
 def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, vocab_file: str | Path,
                     layout: Layout, extra_meta: dict | None = None) -> Path:
     """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it."""
@@ -182,11 +209,9 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, voc
                             sharded_strategy=strategy)
     _barrier()
     if not dist.is_initialized() or dist.get_rank() == 0:
-        (tmp / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        shutil.copyfile(vocab_file, tmp / "vocab.txt")
-        meta = {"format": "bio_megatron/1", "iteration": step, "layout": layout.__dict__,
-                "consumed_samples": step * cfg.model.global_batch_size, **(extra_meta or {})}
-        (tmp / "bio_megatron.json").write_text(json.dumps(meta, indent=2) + "\n")
+        _describe(tmp, cfg, vocab_file, {"iteration": step, "layout": layout.__dict__,
+                                         "consumed_samples": step * cfg.model.global_batch_size,
+                                         **(extra_meta or {})})
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)

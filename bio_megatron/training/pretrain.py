@@ -7,7 +7,6 @@ from functools import partial
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
