@@ -10,7 +10,7 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
-from bio_megatron.config.pretrain import PretrainConfig
+from bio_megatron.config.pretrain import PretrainConfig, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
 from bio_megatron.models.bert import build_model, precision_dtype
@@ -69,8 +69,6 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted"."""
     world = init_distributed()
     m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
-    from bio_megatron.config.pretrain import validate
-
     validate(cfg, world.world_size)
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
@@ -131,8 +129,8 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     runlog.start(step)
     try:
         status = train(state)
-        if status == "finished" and e.checkpoint_callback_params.save_last:
-            save(state.step)
+        if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
+            save(state.step)  # (a run resumed at max_steps has its final checkpoint already)
         ckpt.write_status(run_dir, status, state.step)
     finally:
         runlog.close()
