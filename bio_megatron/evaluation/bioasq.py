@@ -1,85 +1,185 @@
-"""BioASQ Task B phase B factoid scores and the n-best -> submission step.
+"""BioASQ Task B phase B factoid scores, equal to the official evaluator, and the n-best -> submission step.
 
-Scores (as the official ``EvaluatorTask1b -phaseB -e 5`` computes them for factoid questions):
-every string is lower-cased; a system answer matches when it equals any gold synonym exactly;
-strict accuracy counts questions whose first answer matches, lenient accuracy those where any of the
-(up to 5) answers matches, MRR averages 1/rank of the first matching answer (0 if none). All three are
-means over the factoid questions of the golden file, so a question missing from the submission scores
-0. Values are fractions in [0, 1], as the evaluator prints them.
+Scores: the 2nd-4th numbers that the official ``java evaluation.EvaluatorTask1b -phaseB -e 5 golden.json
+submission.json`` prints (BioASQ/Evaluation-Measures, ``flat/BioASQEvaluation``, commit 8c8e689; checked
+against its output in ``tests/fixtures/bioasq``):
 
-The submission step follows the BioBERT/BioMegatron recipe: the n-best spans of all snippets of a
-question (snippet ids ``<question id>_<NNN>``) are pooled, trailing ``,`` ``.`` and spaces stripped,
-empty or over-100-character answers dropped, case-insensitive duplicates merged by summing their
-probabilities, and the 5 most probable kept.
+- Golden and submitted strings are lower-cased and otherwise compared exactly (no trimming, no punctuation
+  removal): ``"ABL1 "`` and ``"bcr-abl1."`` do not match ``ABL1`` / ``BCR-ABL1``.
+- A golden ``exact_answer`` is a list of synonym lists; a submitted answer matches when it equals any synonym
+  of any of the lists.
+- A submitted ``exact_answer`` is a ranked list of lists. Only the first string of each inner list is used
+  (since BioASQ 5 submissions carry no synonyms) and an empty inner list is dropped, so it takes no rank.
+- Strict accuracy: the first answer matches; lenient accuracy: any answer matches; MRR: 1/rank of the first
+  match. Every submitted answer is scored, not only 5, as the official tool does (BioASQ allows 5, so more
+  logs a warning).
+- Means over the golden factoid questions whose id is in the submission (question types come from the
+  golden file); a duplicated submission id counts once, by its first occurrence; a submitted question
+  without ``exact_answer``, or with a string there (the yes/no form), scores 0; no scored question gives 0.
+
+Output: ``strict_accuracy``, ``lenient_accuracy``, ``mrr`` (fractions, as the evaluator prints them),
+``scored_questions`` and ``missing_questions`` (golden factoid questions absent from the submission).
+
+Where the official evaluator stops with an exception instead of printing scores, we choose:
+
+- A golden question missing from the submission: with ``-e 5`` this version dies with a NullPointerException
+  (its ``resp == null`` check only applies to ``-e 9``); ``-e 9`` and earlier versions skip the question.
+  We skip it and count it in ``missing_questions``.
+- ``"exact_answer": null`` in the submission: its reader dies; we score it 0, like an absent one.
+- A submitted ``exact_answer`` that is a flat list of strings (``["a", "b"]``) or anything else that is not
+  a list of lists of strings: :class:`DataError` naming the file and question.
+- A golden factoid ``exact_answer`` given as a flat list of strings (the BioASQ 1-2 form) is read as the
+  synonyms of one answer, with a warning; a golden factoid id listed twice is a :class:`DataError` (the
+  official tool would score it twice).
+- Lower-casing is Python's ``str.lower()``; it agrees with Java's ``String.toLowerCase()`` in an English or
+  root default locale (checked on Greek letters), not with Java's Turkish or Lithuanian rules.
+
+The submission step follows the BioBERT/BioMegatron recipe (dmis-lab/biobert
+``biocodes/transform_nbset2bioasqform.py``): the n-best spans of all snippets of a question (snippet ids
+``<question id>_<NNN>``) are pooled and sorted by probability, case-insensitive duplicates merged by
+summing their probabilities (the most probable spelling is kept), and the 5 most probable kept. Empty and
+over-100-character answers are dropped. Unlike BioBERT, trailing ``,`` ``.`` and spaces (and leading spaces)
+are stripped first, the project's recipe (docs/EVALUATION.md).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
 
 MAX_ANSWERS = 5
 MAX_ANSWER_CHARS = 100
 _SNIPPET_SUFFIX = re.compile(r"_\d+$")
+_SHAPE = 'a list of lists of strings, e.g. [["a"], ["b"]]'
 
 
-def _flatten(answer) -> list[str]:
-    """Gold/system ``exact_answer`` entries are strings or (nested) lists of synonyms."""
-    if isinstance(answer, str):
-        return [answer]
-    out: list[str] = []
-    for a in answer or []:
-        out.extend(_flatten(a))
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _string_lists(value: Any, where: str, path: str | None) -> list[list[str]]:
+    """``[["a", "a'"], ["b"]]`` as the official reader accepts it; JSON integers read as their digits."""
+    if not isinstance(value, list) or not all(isinstance(entry, list) for entry in value):
+        raise DataError(f'{where}: "exact_answer" must be {_SHAPE}; got {_short(value)}', path)
+    out = []
+    for entry in value:
+        strings = []
+        for s in entry:
+            if isinstance(s, bool) or not isinstance(s, (str, int)):
+                raise DataError(f'{where}: "exact_answer" must be {_SHAPE}; got {_short(s)} inside '
+                                f"{_short(entry)}", path)
+            strings.append(str(s))
+        out.append(strings)
     return out
 
 
-def factoid_scores(golden: Mapping[str, Sequence], system: Mapping[str, Sequence],
-                   max_answers: int = MAX_ANSWERS) -> dict:
-    """Strict accuracy, lenient accuracy and MRR over the questions of ``golden``.
+def ranked_answers(exact_answer: Any, where: str = "submitted question", path: str | None = None) -> list[str]:
+    """The answers the official evaluator ranks for a submitted factoid ``exact_answer``: the first string of
+    each non-empty inner list. ``None`` (absent or null) and a string (the yes/no form) give no answers."""
+    if exact_answer is None or isinstance(exact_answer, str):
+        return []
+    return [entry[0] for entry in _string_lists(exact_answer, where, path) if entry]
 
-    ``golden`` maps question id -> gold ``exact_answer`` (synonyms, possibly nested lists);
-    ``system`` maps question id -> ranked answers, each a string or a list of synonyms.
+
+def gold_synonyms(exact_answer: Any, where: str = "golden question", path: str | None = None) -> set[str]:
+    """Every lower-cased synonym of every answer of a golden factoid ``exact_answer``."""
+    if isinstance(exact_answer, list) and exact_answer and all(isinstance(s, str) for s in exact_answer):
+        exact_answer = [exact_answer]  # BioASQ 1-2 form: one answer, its synonyms
+    return {s.lower() for entry in _string_lists(exact_answer, where, path) for s in entry}
+
+
+def factoid_scores(golden: Mapping[str, Any], system: Mapping[str, Any]) -> dict:
+    """Strict accuracy, lenient accuracy and MRR, as the official evaluator computes them (module docstring).
+
+    ``golden`` maps question id -> golden ``exact_answer`` (synonym lists) of the factoid questions, in file
+    order; ``system`` maps question id -> submitted ``exact_answer`` (``[["a1"], ["a2"], ...]`` or None), as
+    :func:`golden_factoids` and :func:`submission_answers` read them.
     """
     strict = lenient = rr = 0.0
+    scored = 0
+    missing: list[str] = []
+    over_limit: list[str] = []
+    # summed in golden order, like the Java loop, so the floats come out bit-identical
     for qid, gold in golden.items():
-        synonyms = {s.lower() for s in _flatten(gold)}
-        answers = list(system.get(qid, []))[:max_answers]
+        if qid not in system:
+            missing.append(qid)
+            continue
+        synonyms = gold_synonyms(gold, f"golden question {qid!r}")
+        answers = ranked_answers(system[qid], f"submitted question {qid!r}")
+        if len(answers) > MAX_ANSWERS:
+            over_limit.append(qid)
+        scored += 1
         for rank, answer in enumerate(answers, 1):
-            if any(a.lower() in synonyms for a in _flatten(answer)):
-                strict += rank == 1
-                lenient += 1
+            if answer.lower() in synonyms:
+                strict += 1.0 if rank == 1 else 0.0
+                lenient += 1.0
                 rr += 1.0 / rank
                 break
-    n = len(golden)
+    if over_limit:
+        log.warning("%d question(s) have more than %d factoid answers (e.g. %s); all are scored, as the official "
+                    "evaluator does, but BioASQ accepts at most %d", len(over_limit), MAX_ANSWERS, over_limit[0],
+                    MAX_ANSWERS)
+    if missing:
+        log.info("%d of %d golden factoid questions are not in the submission and are not scored (e.g. %s)",
+                 len(missing), len(golden), missing[0])
+    n = scored
     return {"strict_accuracy": strict / n if n else 0.0, "lenient_accuracy": lenient / n if n else 0.0,
-            "mrr": rr / n if n else 0.0, "questions": n}
+            "mrr": rr / n if n else 0.0, "scored_questions": n, "missing_questions": len(missing)}
 
 
-def golden_factoids(golden_json: dict, path: str | None = None) -> dict[str, list]:
-    """Question id -> gold ``exact_answer`` for the factoid questions of an official golden JSON."""
-    if not isinstance(golden_json, dict) or not isinstance(golden_json.get("questions"), list):
-        raise DataError('expected a BioASQ golden JSON object with a "questions" list', path)
-    out = {}
-    for i, q in enumerate(golden_json["questions"]):
+def _questions(data: Any, what: str, path: str | None) -> list[dict]:
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), list):
+        raise DataError(f'expected a BioASQ {what} JSON object with a "questions" list', path)
+    for i, q in enumerate(data["questions"]):
+        if not isinstance(q, dict):
+            raise DataError(f"question #{i} is not a JSON object: {_short(q)}", path)
+        if not isinstance(q.get("id"), str):
+            raise DataError(f'question #{i} needs a string "id"; got {_short(q.get("id"))}', path)
+    return data["questions"]
+
+
+def golden_factoids(golden_json: Any, path: str | None = None) -> dict[str, Any]:
+    """Question id -> golden ``exact_answer`` for the factoid questions of an official golden JSON, in file
+    order, checked to be a list of synonym lists (or a flat list of synonyms, the BioASQ 1-2 form)."""
+    out: dict[str, Any] = {}
+    flat = []
+    for i, q in enumerate(_questions(golden_json, "golden", path)):
         if q.get("type") != "factoid":
             continue
-        if "id" not in q or "exact_answer" not in q:
-            raise DataError(f'factoid question #{i} lacks "id" or "exact_answer"', path)
-        out[q["id"]] = q["exact_answer"]
+        qid = q["id"]
+        where = f"factoid question {qid!r} (#{i})"
+        if qid in out:
+            raise DataError(f"{where} is listed twice; golden question ids must be unique", path)
+        if q.get("exact_answer") is None:
+            raise DataError(f'{where} has no "exact_answer"', path)
+        gold_synonyms(q["exact_answer"], where, path)
+        if q["exact_answer"] and all(isinstance(s, str) for s in q["exact_answer"]):
+            flat.append(qid)
+        out[qid] = q["exact_answer"]
+    if flat:
+        log.warning("%s: %d golden factoid answer(s) are a flat list of strings (e.g. %s), read as the synonyms "
+                    "of one answer; the official -e 5 evaluator cannot read this form", path or "golden",
+                    len(flat), flat[0])
     return out
 
 
-def submission_answers(submission_json: dict, path: str | None = None) -> dict[str, list]:
-    """Question id -> ranked answers from a submission JSON (``{"questions": [{"id", "exact_answer"}]}``)."""
-    if not isinstance(submission_json, dict) or not isinstance(submission_json.get("questions"), list):
-        raise DataError('expected a BioASQ submission JSON object with a "questions" list', path)
-    out = {}
-    for i, q in enumerate(submission_json["questions"]):
-        if "id" not in q:
-            raise DataError(f'question #{i} has no "id"', path)
-        out[q["id"]] = list(q.get("exact_answer") or [])
+def submission_answers(submission_json: Any, path: str | None = None) -> dict[str, Any]:
+    """Question id -> submitted ``exact_answer`` (None when absent or null) from a submission JSON
+    (``{"questions": [{"id", "exact_answer"}]}``). A duplicated id keeps its first occurrence, as the official
+    evaluator does; every question's ``exact_answer`` must be a list of lists of strings, a string (yes/no)
+    or absent."""
+    out: dict[str, Any] = {}
+    for i, q in enumerate(_questions(submission_json, "submission", path)):
+        qid, answer = q["id"], q.get("exact_answer")
+        if answer is not None and not isinstance(answer, str):
+            _string_lists(answer, f"question {qid!r} (#{i})", path)
+        out.setdefault(qid, answer)
     return out
 
 
@@ -97,12 +197,15 @@ def pool_nbest(nbest: Mapping[str, Iterable[Mapping]], max_answers: int = MAX_AN
                max_chars: int = MAX_ANSWER_CHARS) -> dict[str, list[tuple[str, float]]]:
     """Pool snippet n-best lists per question: question id -> [(answer, summed probability)], best first.
 
-    ``nbest`` maps snippet id -> entries with ``text`` and ``probability`` (the n-best JSON that
-    SQuAD post-processing writes). The first spelling seen of a case-insensitive group is kept.
+    ``nbest`` maps snippet id -> entries with ``text`` and ``probability`` (the n-best JSON that SQuAD
+    post-processing writes). As in BioBERT's ``transform_nbset2bioasqform.py``, all pooled entries are sorted
+    by probability before case-insensitive duplicates are merged, so the spelling kept is the most probable
+    one (equal probabilities: snippet order). BioBERT does not strip: we strip trailing ``,`` ``.`` and spaces
+    first (:func:`clean_answer`), the project's recipe.
     """
-    pooled: dict[str, dict[str, list]] = {}
+    pooled: dict[str, list[tuple[str, float]]] = {}
     for snippet_id, entries in nbest.items():
-        group = pooled.setdefault(question_id(snippet_id), {})
+        pool = pooled.setdefault(question_id(snippet_id), [])
         for entry in entries:
             try:
                 text, prob = entry["text"], float(entry["probability"])
@@ -110,17 +213,18 @@ def pool_nbest(nbest: Mapping[str, Iterable[Mapping]], max_answers: int = MAX_AN
                 raise DataError(f'n-best entry of {snippet_id!r} needs "text" and a numeric "probability", '
                                 f"got {entry!r}") from None
             text = clean_answer(text)
-            if not text or len(text) > max_chars:
-                continue
-            key = text.lower()
-            if key in group:
-                group[key][1] += prob
-            else:
-                group[key] = [text, prob]
+            if text and len(text) <= max_chars:
+                pool.append((text, prob))
     out = {}
-    for qid, group in pooled.items():
-        # stable sort: equal probabilities keep first-seen order
-        ranked = sorted(group.values(), key=lambda tp: -tp[1])[:max_answers]
+    for qid, pool in pooled.items():
+        pool.sort(key=lambda tp: -tp[1])  # stable
+        merged: dict[str, list] = {}
+        for text, prob in pool:
+            if text.lower() in merged:
+                merged[text.lower()][1] += prob
+            else:
+                merged[text.lower()] = [text, prob]
+        ranked = sorted(merged.values(), key=lambda tp: -tp[1])[:max_answers]
         out[qid] = [(t, p) for t, p in ranked]
     return out
 
