@@ -10,8 +10,13 @@
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:25.04-py3
 FROM ${BASE_IMAGE}
 
+# Extra pip options for an air-gapped build, e.g. "--no-index --no-build-isolation" when the base
+# already holds every dependency (the test build in tests/launch/test_image.py does this).
+ARG PIP_EXTRA_ARGS=""
+
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     OMP_NUM_THREADS=1 \
     CUDA_DEVICE_MAX_CONNECTIONS=1 \
     TORCH_NCCL_AVOID_RECORD_STREAMS=1
@@ -21,7 +26,8 @@ WORKDIR /workspace/bio-megatron
 # megatron-core first and on its own layer: it changes less often than our code. NGC images point
 # PIP_CONSTRAINT at a file that pins their own builds; it is unset for this install only, and
 # --no-deps keeps pip from replacing the image's torch (megatron-core's only heavy dependency).
-RUN PIP_CONSTRAINT='' python -m pip install --no-cache-dir --no-deps "megatron-core==0.19.2"
+# hadolint ignore=DL3013  # it is pinned; hadolint reads ${PIP_EXTRA_ARGS} as the package name
+RUN PIP_CONSTRAINT='' python -m pip install --no-cache-dir --no-deps ${PIP_EXTRA_ARGS} "megatron-core==0.19.2"
 
 COPY pyproject.toml README.md* ./
 COPY bio_megatron ./bio_megatron
@@ -31,8 +37,8 @@ COPY slurm ./slurm
 # The project's own dependencies minus torch and megatron-core (taken from the base image and the
 # layer above), installed under the image's constraints so torch, numpy and TE stay the NGC builds.
 RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.replace(' ', '').lower().startswith(('torch=', 'torch>', 'megatron-core'))))" > /tmp/requirements.txt \
-    && python -m pip install --no-cache-dir -r /tmp/requirements.txt \
-    && python -m pip install --no-cache-dir --no-deps . \
+    && python -m pip install --no-cache-dir ${PIP_EXTRA_ARGS} -r /tmp/requirements.txt \
+    && python -m pip install --no-cache-dir --no-deps ${PIP_EXTRA_ARGS} . \
     && rm /tmp/requirements.txt \
     && bio-megatron --help > /dev/null
 

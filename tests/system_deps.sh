@@ -5,6 +5,8 @@
 #   slurmctld slurmd slurm-client munge  a real 2-node SLURM cluster on this host (slurm_ci/slurm_up.sh)
 #   libslurm-dev gcc libc6-dev           build the no-op pyxis SPANK plugin (slurm_ci/fake_pyxis.c)
 #   iproute2                             the cluster's private network namespace (ip netns)
+#   podman runc debootstrap binutils     build and run the image (tests/launch/test_image.py): podman with
+#                                        runc, a Debian base from the mirror, readelf for its CUDA libs
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "tests/system_deps.sh: must run as root (apt-get)" >&2; exit 1; }
@@ -20,6 +22,10 @@ declare -A PROVIDES=(
   [gcc]=/usr/bin/gcc
   [libc6-dev]=/usr/include/stdio.h
   [iproute2]=/usr/bin/ip
+  [podman]=/usr/bin/podman
+  [runc]=/usr/sbin/runc
+  [debootstrap]=/usr/sbin/debootstrap
+  [binutils]=/usr/bin/readelf
 )
 missing=()
 for pkg in "${!PROVIDES[@]}"; do

@@ -25,7 +25,8 @@ import pytest
 HARNESS = Path(__file__).resolve().parent / "slurm_ci"
 VENV_BIN = Path(sys.executable).parent
 
-from launch_cmds import DATA_COMMANDS, REFERENCE_COMMAND, REPO
+from launch_cmds import (DATA_COMMANDS, IMAGE, IMAGE_BASE_COMMAND, IMAGE_BUILD_COMMAND, REFERENCE_COMMAND,
+                         REPO, run_command)
 
 
 def in_ci() -> bool:
@@ -165,3 +166,35 @@ def reference_run(slurm_cluster: SlurmCluster, tiny_corpus: Path, runs_dir: Path
     run = runs_dir / "reference"
     assert json.loads((run / "status.json").read_text())["state"] == "finished"
     return run
+
+
+PODMAN_CONF = Path(__file__).resolve().parent / "podman-containers.conf"
+
+
+def missing_podman() -> str | None:
+    if os.geteuid() != 0:
+        return "building the image with podman needs root here"
+    missing = [t for t in ("podman", "debootstrap", "readelf") if shutil.which(t) is None
+               and not Path("/usr/sbin", t).exists()]
+    if missing:
+        return f"podman/debootstrap/binutils not installed (missing: {', '.join(missing)}); run tests/system_deps.sh"
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        return "no .venv in the checkout (the image's base is made from it): run `make test`"
+    return None
+
+
+@pytest.fixture(scope="module")
+def podman_env() -> dict[str, str]:
+    reason = missing_podman()
+    require(reason is None, reason or "")
+    return {**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}
+
+
+@pytest.fixture(scope="module")
+def image(podman_env: dict[str, str]) -> str:
+    # The base is kept between runs (labelled with a hash of what it is made of, rebuilt when that
+    # changes: ~3 min); the project image is rebuilt every time (seconds) and removed afterwards.
+    run_command(IMAGE_BASE_COMMAND, podman_env, timeout=1200)
+    run_command(IMAGE_BUILD_COMMAND, podman_env, timeout=600)
+    yield IMAGE
+    subprocess.run(["podman", "rmi", "--force", IMAGE], env=podman_env, capture_output=True, timeout=120)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_cmds import DATA_COMMANDS, REFERENCE_COMMAND, REPO, TINY_OVERRIDES, read_metrics
+from launch_cmds import (DATA_COMMANDS, IMAGE_BASE_COMMAND, IMAGE_BUILD_COMMAND, IMAGE_HELP_COMMAND,
+                         IMAGE_RUN_COMMAND, REFERENCE_COMMAND, REPO, TINY_OVERRIDES, read_metrics)
 
 SBATCH = "sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --output=$RUNS/%x-%j.out"
 SRUN_JOB = f"RECIPE=nemo_configs/pretrain/tiny.yaml EXP_DIR=$RUNS RUN_NAME=slurm-srun {SBATCH} slurm/pretrain.sbatch {TINY_OVERRIDES}"
@@ -37,7 +38,7 @@ FINETUNE_DRY_RUN_JOB = (
 )
 
 DOC_COMMANDS = (*DATA_COMMANDS, REFERENCE_COMMAND, SRUN_JOB, PYXIS_TORCHRUN_JOB, PREEMPT_JOB, PREEMPT_SIGNAL, CANCEL,
-                FINETUNE_DRY_RUN_JOB)
+                FINETUNE_DRY_RUN_JOB, IMAGE_BASE_COMMAND, IMAGE_BUILD_COMMAND, IMAGE_HELP_COMMAND, IMAGE_RUN_COMMAND)
 
 
 def assert_same_losses(run: Path, reference: Path) -> None:
