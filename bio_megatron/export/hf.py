@@ -1,22 +1,36 @@
-"""``export hf`` / ``import hf``: BioMegatron checkpoints <-> Hugging Face ``MegatronBert*`` folders.
+"""``export hf`` / ``import hf``: BioMegatron checkpoints <-> Hugging Face folders.
 
 Export loads the checkpoint (saved at any TP/PP layout) into one TP1 process through dist-checkpointing
-resharding, converts the encoder with :mod:`bio_megatron.models.hf_convert` and maps the head:
+resharding, converts the encoder with :mod:`bio_megatron.models.hf_convert` and maps the head
+(:mod:`bio_megatron.export.hf_heads`). A head that equals one of transformers' fixed heads becomes the plain
+class; every other head (the paper's MLPs: 2 layers, ``fc_hidden_size`` 512-2048, relu) becomes the
+matching ``BioMegatronFor*`` class, whose code the folder carries (``trust_remote_code=True``):
 
-=========  ======================================  =============================================
-task       HF class                                head that maps exactly
-=========  ======================================  =============================================
-(none)     MegatronBertForMaskedLM / ForPreTraining  the LM head (+ NSP head when trained with it)
-ner        MegatronBertForTokenClassification      ``head.num_fc_layers: 1`` -> ``classifier``
-qa         MegatronBertForQuestionAnswering        ``head.num_fc_layers: 1`` -> ``qa_outputs``
-re         MegatronBertForSequenceClassification   ``classifier_head.num_output_layers: 2`` with
-                                                    ``activation: tanh`` and ``fc_hidden_size`` =
-                                                    encoder width -> ``bert.pooler`` + ``classifier``
-=========  ======================================  =============================================
+=========  =========================================  ==================================================
+task       plain HF class (no remote code)            when the head is
+=========  =========================================  ==================================================
+(none)     MegatronBertForMaskedLM / ForPreTraining   the LM head (+ NSP head when trained with it)
+ner        MegatronBertForTokenClassification         ``head.num_fc_layers: 1`` -> ``classifier``
+qa         MegatronBertForQuestionAnswering           ``head.num_fc_layers: 1`` -> ``qa_outputs``
+re         MegatronBertForSequenceClassification      ``classifier_head.num_output_layers: 2``,
+                                                      ``activation: tanh``, ``fc_hidden_size`` null or the
+                                                      encoder width -> ``bert.pooler`` + ``classifier``
+=========  =========================================  ==================================================
 
-HF's heads are fixed shapes; any other NeMo MLP head cannot be expressed and export fails naming the
-setting. The folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2id``),
-``vocab.txt`` + tokenizer files, and ``label_ids.csv``.
+=========  =========================================  ==================================================
+task       remote-code class (any other head)         ``auto_map`` entry
+=========  =========================================  ==================================================
+ner        BioMegatronForTokenClassification          AutoModelForTokenClassification
+qa         BioMegatronForQuestionAnswering            AutoModelForQuestionAnswering
+re         BioMegatronForSequenceClassification       AutoModelForSequenceClassification
+=========  =========================================  ==================================================
+
+The remote-code folder adds ``modeling_bio_megatron.py`` (a verbatim copy of
+:mod:`bio_megatron.export.hf_modeling`), ``model_type: bio-megatron-bert``, ``auto_map`` (AutoConfig + the
+AutoModel above) and ``bio_megatron_head`` to ``config.json``; head weights keep our names (``head.mlp.*``).
+Every folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2id``), ``vocab.txt`` +
+tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf`` (and ``finetune``/
+``predict`` from an HF folder) read both kinds back with the same head.
 """
 
 from __future__ import annotations
@@ -28,48 +42,15 @@ import torch
 import yaml
 
 from bio_megatron.config.sizes import ModelShape
+from bio_megatron.export.hf_heads import (PLAIN_CLASS, apply_head, head_settings, head_to_hf, hf_to_head,
+                                          plain_class, remote_config_fields, source_head, write_remote_code)
 from bio_megatron.models.hf_convert import hf_config, hf_to_mcore, mcore_to_hf
 from bio_megatron.tasks.model import Source, resolve_source
-from bio_megatron.utils.errors import CheckpointError, ConfigError
+from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_path
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
-HF_CLASS = {None: "MegatronBertForMaskedLM", "ner": "MegatronBertForTokenClassification",
-            "re": "MegatronBertForSequenceClassification", "qa": "MegatronBertForQuestionAnswering"}
-
-
-def check_exportable(task: str, model_cfg) -> None:
-    """Raise ConfigError naming the setting when the head has no ``MegatronBertFor*`` equivalent."""
-    hidden = model_cfg.shape().hidden_size
-    if task in ("ner", "qa") and model_cfg.head.num_fc_layers != 1:
-        raise ConfigError(f"model.head.num_fc_layers={model_cfg.head.num_fc_layers}: {HF_CLASS[task]} has a single "
-                          "linear classifier, so only num_fc_layers=1 can be exported; fine-tune with "
-                          "model.head.num_fc_layers=1 to get an exportable model")
-    if task == "re":
-        h = model_cfg.classifier_head
-        if h.num_output_layers != 2 or h.activation != "tanh" or model_cfg.fc_hidden_size not in (None, hidden):
-            raise ConfigError(
-                f"model.classifier_head (num_output_layers={h.num_output_layers}, activation={h.activation}, "
-                f"model.fc_hidden_size={model_cfg.fc_hidden_size}): MegatronBertForSequenceClassification is a "
-                f"tanh pooler ({hidden}x{hidden}) + linear classifier, so only num_output_layers=2, activation=tanh, "
-                "fc_hidden_size=null can be exported")
-
-
-def _head_to_hf(task: str, sd: dict) -> dict:
-    g = lambda k: sd[k].detach().clone().contiguous()  # noqa: E731
-    if task == "ner":
-        return {"classifier.weight": g("head.mlp.layer0.weight"), "classifier.bias": g("head.mlp.layer0.bias")}
-    if task == "qa":
-        return {"qa_outputs.weight": g("head.mlp.layer0.weight"), "qa_outputs.bias": g("head.mlp.layer0.bias")}
-    return {"bert.pooler.dense.weight": g("head.mlp.layer0.weight"), "bert.pooler.dense.bias": g("head.mlp.layer0.bias"),
-            "classifier.weight": g("head.mlp.layer2.weight"), "classifier.bias": g("head.mlp.layer2.bias")}
-
-
-def _hf_to_head(task: str, hsd: dict) -> dict:
-    pairs = {"ner": {"classifier": "head.mlp.layer0"}, "qa": {"qa_outputs": "head.mlp.layer0"},
-             "re": {"bert.pooler.dense": "head.mlp.layer0", "classifier": "head.mlp.layer2"}}[task]
-    return {f"{ours}.{p}": hsd[f"{theirs}.{p}"] for theirs, ours in pairs.items() for p in ("weight", "bias")}
 
 
 def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
@@ -87,7 +68,7 @@ def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
 
 def export_hf(checkpoint: str | Path, out: str | Path) -> dict:
     """Write an HF folder for ``checkpoint`` (pretraining or fine-tuned, any saved layout); returns a summary."""
-    from bio_megatron.predict.common import load_finetuned, single_process
+    from bio_megatron.predict.common import single_process
 
     single_process()
     src = resolve_source(checkpoint)
@@ -96,46 +77,61 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> dict:
     if src.task is None:
         hsd, config, tok_lower, labels = _pretraining_to_hf(src)
     else:
-        cfg_model = _saved_model_cfg(src)
-        check_exportable(src.task, cfg_model)
-        loaded = load_finetuned(checkpoint)
-        sd = loaded.model.state_dict()
-        shape, vocab = loaded.model.shape, loaded.tokenizer.vocab_size
-        hsd = {**mcore_to_hf(sd, shape, vocab, binary_head=False), **_head_to_hf(src.task, sd)}
-        labels = loaded.labels
-        extra = {"architectures": [HF_CLASS[src.task]]}
-        if labels:
-            extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
-                         label2id={t: i for i, t in enumerate(labels)})
-        m = loaded.cfg.model
-        config = hf_config(shape, vocab, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon, **extra)
-        tok_lower = loaded.tokenizer.lowercase
-    import transformers
-
-    hf_model = getattr(transformers, config.architectures[0])(config)
+        hsd, config, tok_lower, labels = _task_to_hf(src)
+    cls = config.architectures[0]
+    remote = hasattr(config, "bio_megatron_head")
+    hf_model = _hf_class(cls, remote)(config)
     missing, unexpected = hf_model.load_state_dict(hsd, strict=False)
     missing = [k for k in missing if "position_ids" not in k and k != "cls.predictions.decoder.weight"]
     if missing or unexpected:
-        raise CheckpointError(f"conversion incomplete for {config.architectures[0]}: missing {missing[:5]}, "
-                              f"unexpected {unexpected[:5]}")
+        raise CheckpointError(f"conversion incomplete for {cls}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     with atomic_path(out) as tmp:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
+        if remote:
+            write_remote_code(tmp)
         _save_tokenizer(tmp, src.vocab_file, tok_lower)
         if labels:
             (tmp / "label_ids.csv").write_text("\n".join(labels) + "\n", encoding="utf-8")
         (tmp / "bio_megatron_export.json").write_text(json.dumps(
-            {"source": str(src.path), "task": src.task, "class": config.architectures[0]}, indent=2) + "\n")
-    log.info("exported %s -> %s (%s)", src.path, out, config.architectures[0])
-    return {"out": str(out), "class": config.architectures[0], "task": src.task, "labels": labels}
+            {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote}, indent=2) + "\n")
+    log.info("exported %s -> %s (%s%s)", src.path, out, cls, ", trust_remote_code=True to load" if remote else "")
+    return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote}
 
 
-def _saved_model_cfg(src: Source):
-    from bio_megatron.predict.common import task_config_of
+def _hf_class(name: str, remote: bool) -> type:
+    if remote:  # the very module the folder carries, imported here rather than from the folder
+        from bio_megatron.export import hf_modeling
 
-    m = task_config_of(src).model
-    for k, v in src.shape.items():
-        setattr(m, k, v)
-    return m
+        return getattr(hf_modeling, name)
+    import transformers
+
+    return getattr(transformers, name)
+
+
+def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
+    """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config (plain or remote-code class)."""
+    from bio_megatron.predict.common import load_finetuned
+
+    loaded = load_finetuned(src.path)
+    m, shape, vocab = loaded.cfg.model, loaded.model.shape, loaded.tokenizer.vocab_size
+    settings = head_settings(src.task, m)
+    plain = plain_class(src.task, settings, shape.hidden_size)
+    sd = loaded.model.state_dict()
+    hsd = {**mcore_to_hf(sd, shape, vocab, binary_head=False), **head_to_hf(src.task, sd, plain is not None)}
+    labels = loaded.labels
+    extra = {"architectures": [plain]} if plain else remote_config_fields(src.task, settings)
+    if labels:
+        extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
+                     label2id={t: i for i, t in enumerate(labels)})
+    config = hf_config(shape, vocab, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon, **extra)
+    if plain is None:
+        from bio_megatron.export.hf_modeling import BioMegatronConfig
+
+        # Same fields, own model_type: loading without trust_remote_code then fails instead of silently
+        # building transformers' plain head with random weights.
+        fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "transformers_version")}
+        config = BioMegatronConfig(**fields)
+    return hsd, config, loaded.tokenizer.lowercase, labels
 
 
 def _pretraining_to_hf(src: Source):
@@ -182,22 +178,19 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
         if task is None:
             task = resolve_source(path).task
         if task is not None:
-            full.update(_hf_to_head(task, hsd))
+            full.update(hf_to_head(task, hsd))
     except KeyError as exc:
         raise CheckpointError(f"{path}: weight {exc.args[0]} is missing (not a MegatronBert checkpoint?)") from None
     return full
 
 
 def task_config_for_hf(src: Source):
-    """A task config whose head matches the HF class exactly (what ``finetune``/``predict`` build for it)."""
+    """A task config whose head is the HF folder's (``Source.head``: the plain class's fixed head, or the
+    ``bio_megatron_head`` of a remote-code folder); what ``finetune``/``predict``/``import hf`` build for it."""
     from bio_megatron.config.finetune import CONFIG_CLASSES
 
     cfg = CONFIG_CLASSES[src.task]()
-    if src.task == "re":
-        h = cfg.model.classifier_head
-        h.num_output_layers, h.activation, cfg.model.fc_hidden_size = 2, "tanh", None
-    else:
-        cfg.model.head.num_fc_layers, cfg.model.fc_hidden_size = 1, None
+    apply_head(cfg.model, src.head or source_head(PLAIN_CLASS[src.task], {}, str(src.path)))
     cfg.model.transformer_impl = "local"
     return cfg
 

@@ -8,7 +8,8 @@ megatron treats it as replicated across tensor-parallel ranks (identical inputs,
 once in the gradient norm).
 
 Sources (``model.restore_from_path``): a BioMegatron pretraining or fine-tuning checkpoint (directory,
-``checkpoints`` folder or run directory) or a Hugging Face ``MegatronBert*`` folder.
+``checkpoints`` folder or run directory) or a Hugging Face folder: ``MegatronBert*`` or the remote-code
+``BioMegatronFor*`` classes that ``export hf`` writes for other heads (:mod:`bio_megatron.export.hf_heads`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.export.hf_heads import CLASS_TASK, REMOTE_MODEL_TYPE, source_head
 from bio_megatron.models.bert import layer_spec, transformer_config
 from bio_megatron.models.hf_convert import _TE_ALIASES
 from bio_megatron.models.init import init_weights
@@ -99,7 +101,7 @@ class Source:
     labels: list[str] | None = None
     task: str | None = None        # None = pretraining checkpoint / base HF model
     padded_vocab: int | None = None
-    head: dict | None = None       # the fine-tuned checkpoint's model.head / classifier_head / fc_hidden_size
+    head: dict | None = None       # model.head / classifier_head / fc_hidden_size (fine-tuned checkpoint, HF folder)
 
 
 def resolve_source(path: str | Path) -> Source:
@@ -107,20 +109,24 @@ def resolve_source(path: str | Path) -> Source:
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
         cfg = json.loads((path / "config.json").read_text())
-        if cfg.get("model_type") != "megatron-bert":
-            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected 'megatron-bert'")
+        if cfg.get("model_type") not in ("megatron-bert", REMOTE_MODEL_TYPE):
+            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected "
+                                  f"'megatron-bert' or {REMOTE_MODEL_TYPE!r}")
         shape = {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
                  "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
                  "max_position_embeddings": cfg["max_position_embeddings"], "num_tokentypes": cfg["type_vocab_size"],
                  "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12)}
         arch = (cfg.get("architectures") or [""])[0]
-        task = {"MegatronBertForTokenClassification": "ner", "MegatronBertForSequenceClassification": "re",
-                "MegatronBertForQuestionAnswering": "qa"}.get(arch)
+        task = CLASS_TASK.get(arch)
+        if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:
+            raise CheckpointError(f"{path}/config.json: architectures {cfg.get('architectures')!r}, expected one of "
+                                  f"{sorted(c for c in CLASS_TASK if c.startswith('BioMegatron'))}")
         labels = None
         if task in ("ner", "re") and cfg.get("id2label"):
             labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
+        head = source_head(arch, cfg, f"{path}/config.json") if task else None
         vocab = path / "vocab.txt"
-        return Source("hf", path, shape, vocab if vocab.is_file() else None, labels, task)
+        return Source("hf", path, shape, vocab if vocab.is_file() else None, labels, task, head=head)
     meta = read_metadata(path)
     ckpt = Path(meta["path"])
     cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}

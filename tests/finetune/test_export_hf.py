@@ -1,10 +1,10 @@
 """Export/import with Hugging Face: a TP2xPP2-trained NER checkpoint exports to MegatronBertForTokenClassification
 whose logits (and a ``pipeline("token-classification")`` run) equal our model's; importing it back gives the
-same logits; heads HF cannot express are refused with the setting named."""
+same logits. Only heads that equal transformers' fixed heads get the plain classes; the others go to the
+remote-code classes (``test_export_hf_remote.py``)."""
 
 from __future__ import annotations
 
-import pytest
 from ft_runs import finetune_rank
 from harness import run_world
 
@@ -67,15 +67,22 @@ def test_tp2pp2_checkpoint_exports_and_roundtrips(tmp_path):
     assert (tmp_path / "hf" / "model.safetensors").is_file() and (tmp_path / "hf" / "label_ids.csv").is_file()
 
 
-def test_mlp_head_is_refused_with_the_setting_named():
-    from bio_megatron.config.finetune import NerModelConfig, ReModelConfig
-    from bio_megatron.export.hf import check_exportable
-    from bio_megatron.utils.errors import ConfigError
+def test_plain_class_only_for_heads_transformers_computes_exactly():
+    from bio_megatron.config.finetune import NerModelConfig, QaModelConfig, ReModelConfig
+    from bio_megatron.export.hf_heads import head_settings, plain_class
 
-    with pytest.raises(ConfigError, match="num_fc_layers=2"):
-        check_exportable("ner", NerModelConfig(size="tiny"))
-    with pytest.raises(ConfigError, match="activation=relu"):
-        check_exportable("re", ReModelConfig(size="tiny"))
-    m = ReModelConfig(size="tiny")
-    m.classifier_head.activation = "tanh"
-    check_exportable("re", m)  # tanh pooler + linear: exactly MegatronBertForSequenceClassification
+    def cls(task, m):
+        return plain_class(task, head_settings(task, m), m.shape().hidden_size)
+
+    ner, qa, re_ = NerModelConfig(size="tiny"), QaModelConfig(size="tiny"), ReModelConfig(size="tiny")
+    assert cls("ner", ner) is None  # the paper's 2-layer relu MLP
+    assert cls("re", re_) is None  # relu, not HF's tanh pooler
+    assert cls("qa", qa) == "MegatronBertForQuestionAnswering"  # NeMo's QA default: one linear layer
+    ner.head.num_fc_layers, ner.fc_hidden_size = 1, 512  # a single layer has no hidden width
+    assert cls("ner", ner) == "MegatronBertForTokenClassification"
+    re_.classifier_head.activation = "tanh"
+    assert cls("re", re_) == "MegatronBertForSequenceClassification"  # tanh pooler + linear
+    re_.fc_hidden_size = 64  # = the tiny encoder width: still the pooler's shape
+    assert cls("re", re_) == "MegatronBertForSequenceClassification"
+    re_.fc_hidden_size = 32
+    assert cls("re", re_) is None
