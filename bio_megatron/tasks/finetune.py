@@ -123,15 +123,7 @@ def predict_split(state: LoopState, batches: Batches, split, n: int) -> list:
 def adopt_head_structure(m, src: Source) -> None:
     """Continuing from a checkpoint of the same task (e.g. BioASQ after SQuAD) keeps its head's shape; the
     recipe's dropout and init settings still apply."""
-    if src.kind == "hf":
-        from bio_megatron.config.loader import to_dict
-        from bio_megatron.export.hf import task_config_for_hf
-
-        hf_model = task_config_for_hf(src).model
-        saved = {k: to_dict(getattr(hf_model, k)) for k in ("head", "classifier_head") if hasattr(hf_model, k)}
-        saved["fc_hidden_size"] = None
-    else:
-        saved = src.head or {}
+    saved = src.head or {}  # resolve_source fills it for checkpoints and for both kinds of HF folder
     for block in ("head", "classifier_head"):
         if not (saved.get(block) and hasattr(m, block)):
             continue

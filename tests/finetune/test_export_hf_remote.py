@@ -219,8 +219,6 @@ def _export(ckpt: str, out: str) -> dict:
     return export_hf(ckpt, out)
 
 
-@pytest.mark.xfail(strict=True, reason="tasks/finetune.py adopt_head_structure resets model.fc_hidden_size to null "
-                                       "for HF folders instead of taking resolve_source's Source.head")
 def test_finetune_from_remote_code_folder_equals_from_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     over = ["trainer.max_steps=2", "trainer.val_check_interval=2", "model.dataset.max_eval_examples=8",
