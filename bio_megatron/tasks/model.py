@@ -211,6 +211,9 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
         else:
             raise CheckpointError(f"weight {sh.key} is missing from the source")
         if tuple(value.shape) != tuple(sh.global_shape):  # vocabulary padding differs: zero-pad the rows
+            if value.shape[1:] != tuple(sh.global_shape[1:]) or value.shape[0] > sh.global_shape[0]:
+                raise CheckpointError(f"weight {sh.key} has shape {tuple(value.shape)} in the source but "
+                                      f"{tuple(sh.global_shape)} in this model (different head or model size?)")
             pad = torch.zeros(sh.global_shape, dtype=value.dtype)
             pad[: value.shape[0]] = value
             value = pad

@@ -9,6 +9,7 @@ Bad ``bio_megatron_head`` settings fail naming the value."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,23 @@ def test_finetune_from_remote_code_folder_equals_from_its_checkpoint(tmp_path, m
                                                              f"exp_manager.name={name}"])[0]["losses"]
             for name, path in (("ckpt", tmp_path / "src" / "checkpoints"), ("hf", tmp_path / "hf"))}
     assert max(abs(a - b) for a, b in zip(runs["ckpt"], runs["hf"])) < 1e-6, runs
+    # A folder whose stated head does not fit its weights is named, not a raw shape error.
+    bad = tmp_path / "hf-bad"
+    shutil.copytree(tmp_path / "hf", bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["bio_megatron_head"]["fc_hidden_size"] += 8
+    (bad / "config.json").write_text(json.dumps(config))
+    message = run_world(1, _import_error, str(bad), str(tmp_path / "imported-bad"))[0]
+    assert "has shape" in message and "in this model" in message, message
+    assert not (tmp_path / "imported-bad").exists()
+
+
+def _import_error(hf_dir: str, out: str) -> str:
+    from bio_megatron.export.hf import import_hf
+    from bio_megatron.utils.errors import CheckpointError
+
+    try:
+        import_hf(hf_dir, out)
+    except CheckpointError as exc:
+        return str(exc)
+    return "no error"
