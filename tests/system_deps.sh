@@ -5,8 +5,9 @@
 #   slurmctld slurmd slurm-client munge  a real 2-node SLURM cluster on this host (slurm_ci/slurm_up.sh)
 #   libslurm-dev gcc libc6-dev           build the no-op pyxis SPANK plugin (slurm_ci/fake_pyxis.c)
 #   iproute2                             the cluster's private network namespace (ip netns)
-#   podman runc debootstrap binutils     build and run the image (tests/launch/test_image.py): podman with
-#                                        runc, a Debian base from the mirror, readelf for its CUDA libs
+#   podman runc netavark debootstrap     build and run the image (tests/launch/test_image.py): podman with
+#   binutils                             runc and netavark (without recommends apt picks CNI plugins, which
+#                                        podman 4.3 does not use), a Debian base, readelf for its CUDA libs
 set -euo pipefail
 
 [ "$(id -u)" = 0 ] || { echo "tests/system_deps.sh: must run as root (apt-get)" >&2; exit 1; }
@@ -24,6 +25,7 @@ declare -A PROVIDES=(
   [iproute2]=/usr/bin/ip
   [podman]=/usr/bin/podman
   [runc]=/usr/sbin/runc
+  [netavark]=/usr/lib/podman/netavark
   [debootstrap]=/usr/sbin/debootstrap
   [binutils]=/usr/bin/readelf
 )
