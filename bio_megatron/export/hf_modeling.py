@@ -106,6 +106,12 @@ class _BioMegatronBase(MegatronBertPreTrainedModel):
     def _return_dict(self, return_dict: bool | None) -> bool:
         return return_dict if return_dict is not None else getattr(self.config, "return_dict", True)
 
+    @staticmethod
+    def _as_tuple(loss: Tensor | None, outputs: tuple, out) -> tuple:
+        """transformers' tuple form: (loss,) when computed, the outputs, then hidden states / attentions."""
+        rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
+        return ((loss,) if loss is not None else ()) + outputs + rest
+
 
 class BioMegatronForTokenClassification(_BioMegatronBase):
     """Per-token logits ``[b, s, num_labels]``; loss: cross entropy ignoring label -100 (transformers' rule)."""
@@ -124,8 +130,7 @@ class BioMegatronForTokenClassification(_BioMegatronBase):
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.num_labels), labels.view(-1))
         if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
+            return self._as_tuple(loss, (logits,), out)
         return TokenClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                      attentions=out.attentions)
 
@@ -156,8 +161,7 @@ class BioMegatronForQuestionAnswering(_BioMegatronBase):
             loss = (loss_fct(start_logits, start_positions.clamp(0, ignored))
                     + loss_fct(end_logits, end_positions.clamp(0, ignored))) / 2
         if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (start_logits, end_logits) + rest
+            return self._as_tuple(loss, (start_logits, end_logits), out)
         return QuestionAnsweringModelOutput(loss=loss, start_logits=start_logits, end_logits=end_logits,
                                             hidden_states=out.hidden_states, attentions=out.attentions)
 
@@ -194,7 +198,6 @@ class BioMegatronForSequenceClassification(_BioMegatronBase):
             else:
                 loss = BCEWithLogitsLoss()(logits, labels)
         if not self._return_dict(return_dict):
-            rest = tuple(v for v in (out.hidden_states, out.attentions) if v is not None)
-            return ((loss,) if loss is not None else ()) + (logits,) + rest
+            return self._as_tuple(loss, (logits,), out)
         return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=out.hidden_states,
                                         attentions=out.attentions)
