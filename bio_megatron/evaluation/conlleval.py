@@ -58,6 +58,21 @@ def start_of_chunk(prev_tag: str, tag: str, prev_type: str, ctype: str) -> bool:
     return tag in ("[", "]")
 
 
+def chunks(words: Sequence[str], tags: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(type, start, end-exclusive) chunks of one sentence under the rules above."""
+    out, cur = [], None
+    prev_tag, prev_type = "O", ""
+    for i, tag in enumerate(list(tags) + ["O"]):
+        t, ty = split_tag(tag)
+        if cur is not None and end_of_chunk(prev_tag, t, prev_type, ty):
+            out.append((cur[0], cur[1], i))
+            cur = None
+        if i < len(tags) and start_of_chunk(prev_tag, t, prev_type, ty):
+            cur = (ty, i)
+        prev_tag, prev_type = t, ty
+    return out
+
+
 @dataclass
 class ChunkCounts:
     """The counters conlleval keeps; ``report()`` turns them into percentages."""

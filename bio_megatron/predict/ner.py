@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-from bio_megatron.evaluation.label_bias import chunks
+from bio_megatron.evaluation.conlleval import chunks
 from bio_megatron.predict.common import Loaded
 from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions
 from bio_megatron.tasks.re_data import split_sentences

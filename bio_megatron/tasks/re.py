@@ -9,17 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores
-from bio_megatron.tasks.re_data import RelationExample, read_chemprot_original, read_nemo_tsv, read_scibert_jsonl
+from bio_megatron.tasks.re_data import RelationExample, read_relations
 from bio_megatron.utils.errors import DataError
 
 
 def read_split(d, name: str) -> list[RelationExample]:
-    path = Path(d.data_dir) / name
-    if d.format == "scibert":
-        return read_scibert_jsonl(path)
-    if d.format == "chemprot_original":
-        return read_chemprot_original(path)
-    return read_nemo_tsv(path)
+    return read_relations(Path(d.data_dir) / name, d.format)
 
 
 @dataclass

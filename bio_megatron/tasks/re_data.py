@@ -191,3 +191,28 @@ def read_nemo_tsv(path: str | Path, labels: Sequence[str] = CHEMPROT_LABELS) -> 
                                 str(path), lineno)
             out.append(RelationExample(fields[0], labels[idx], f"{path.name}:{lineno}"))
     return out
+
+
+RELATION_FORMATS = ("scibert", "chemprot_original", "nemo")
+
+
+def read_relations(path: str | Path, fmt: str = "auto") -> list[RelationExample]:
+    """Examples of ``path`` in one of :data:`RELATION_FORMATS`; ``auto``: a directory is the original
+    release, a file whose first non-blank character is ``{`` is SciBERT JSON lines, else NeMo tsv."""
+    path = Path(path)
+    if fmt == "auto":
+        if path.is_dir():
+            fmt = "chemprot_original"
+        elif not path.is_file():
+            raise DataError("no such file or directory (expected ChemProt data)", str(path))
+        else:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                head = fh.read(4096).lstrip()
+            fmt = "scibert" if head.startswith("{") else "nemo"
+    if fmt == "scibert":
+        return read_scibert_jsonl(path)
+    if fmt == "chemprot_original":
+        return read_chemprot_original(path)
+    if fmt == "nemo":
+        return read_nemo_tsv(path)
+    raise DataError(f"unknown relation data format {fmt!r}; expected auto or one of {RELATION_FORMATS}", str(path))

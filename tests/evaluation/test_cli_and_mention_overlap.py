@@ -1,4 +1,4 @@
-"""The evaluate/analyse commands print one JSON object; label bias on a hand case and real data."""
+"""The evaluate/analyse commands print one JSON object; mention overlap on a hand case and real data."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 
 from bio_megatron.cli import main
 from bio_megatron.evaluation.conlleval import evaluate_file
-from bio_megatron.evaluation.label_bias import chunks, label_bias
+from bio_megatron.evaluation.conlleval import chunks
+from bio_megatron.evaluation.mention_overlap import mention_overlap
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -56,18 +57,18 @@ def test_user_errors_exit_nonzero_without_traceback(capsys, tmp_path):
     assert rc == 2 and out is None
 
 
-def test_label_bias_hand_case_and_cli(capsys):
+def test_mention_overlap_hand_case_and_cli(capsys):
     train = [(["aspirin", "and", "heparin", "use"], ["B-Chemical", "O", "B-Chemical", "O"])]
     evaluation = [(["aspirin", "with", "Heparin", "or", "warfarin", "."],
                    ["B-Chemical", "O", "B-Chemical", "O", "B-Chemical", "O"]),
                   (["aspirin"], ["B-Chemical"])]
-    r = label_bias(train, evaluation)["overall"]
+    r = mention_overlap(train, evaluation)["overall"]
     # 4 mentions: aspirin x2 seen, Heparin only seen uncased, warfarin unseen
     assert (r["mentions"], r["seen_in_train"]) == (4, 2)
-    assert r["label_bias"] == pytest.approx(50.0) and r["label_bias_uncased"] == pytest.approx(75.0)
-    assert r["label_bias_unique"] == pytest.approx(100 / 3)
+    assert r["seen_share"] == pytest.approx(50.0) and r["seen_share_uncased"] == pytest.approx(75.0)
+    assert r["seen_share_unique"] == pytest.approx(100 / 3)
     assert chunks(["a", "b", "c"], ["I-X", "I-Y", "O"]) == [("X", 0, 1), ("Y", 1, 2)]  # conlleval chunking
-    rc, out = _run(capsys, ["analyse", "label-bias", "--train", str(FIX / "ner/bc5cdr_chem_devel_head.tsv"),
+    rc, out = _run(capsys, ["analyse", "mention-overlap", "--train", str(FIX / "ner/bc5cdr_chem_devel_head.tsv"),
                             "--eval", str(FIX / "ner/bc5cdr_disease_devel_head.tsv")])
     stats = out["eval"][str(FIX / "ner/bc5cdr_disease_devel_head.tsv")]
     # chemical mentions never label diseases: nothing of the disease file is "seen" as a Disease
