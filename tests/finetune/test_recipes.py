@@ -39,6 +39,14 @@ def test_recipe_validates(path):
 def test_bioasq_starts_from_squad_checkpoint():
     cfg = load_finetune_config("qa", ROOT / "qa" / "bioasq_factoid.yaml")
     assert "squad" in cfg.model.restore_from_path and cfg.model.dataset.bioasq_golden
+    assert cfg.model.global_batch_size == 1024  # paper §5.3: 64 per GPU on 16 GPUs
+
+
+def test_paper_sub_token_label_scheme_per_dataset():
+    # paper §5.1: sub-tokens labelled separately, except NCBI-disease (whole-entity labelling)
+    schemes = {name: load_finetune_config("ner", ROOT / "ner" / f"{name}.yaml").model.dataset.ignore_extra_tokens
+               for name in ("bc5cdr_chem", "bc5cdr_disease", "ncbi_disease")}
+    assert schemes == {"bc5cdr_chem": False, "bc5cdr_disease": False, "ncbi_disease": True}
 
 
 def test_problems_are_collected_and_quote_values():
