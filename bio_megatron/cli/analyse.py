@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from bio_megatron.tasks.re_data import RELATION_FORMATS, read_relations
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("analyse", help="dataset analyses (label bias, mention overlap)")
@@ -29,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="with --vocab: lower-case words first (default: guessed from the vocabulary)")
     lb.add_argument("--ignore-extra-tokens", action="store_true",
                     help="with --vocab: only a word's first sub-token is labelled (NeMo's scheme name)")
-    lb.add_argument("--re-format", default="auto", choices=["auto", "scibert", "chemprot_original", "nemo"])
+    lb.add_argument("--re-format", default="auto", choices=["auto", *RELATION_FORMATS])
     lb.add_argument("--format", default="json", choices=["json", "markdown"])
     lb.set_defaults(func=run_label_bias)
 
@@ -43,15 +45,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _stats(task: str, path: str, args: argparse.Namespace, tokenizer) -> dict:
     from bio_megatron.evaluation import label_bias as lb
+    from bio_megatron.utils.errors import DataError
 
-    if task == "ner":
-        from bio_megatron.tasks.ner_data import read_iob
-        return lb.ner_label_bias(read_iob(path), tokenizer, args.ignore_extra_tokens)
-    if task == "re":
-        from bio_megatron.tasks.re_data import read_relations
-        return lb.classification_label_bias(ex.label for ex in read_relations(path, args.re_format))
-    from bio_megatron.tasks.qa_data import read_squad
-    return lb.qa_label_bias(read_squad(path))
+    try:
+        if task == "ner":
+            from bio_megatron.tasks.ner_data import read_iob
+            return lb.ner_label_bias(read_iob(path), tokenizer, args.ignore_extra_tokens)
+        if task == "re":
+            return lb.classification_label_bias(ex.label for ex in read_relations(path, args.re_format))
+        from bio_megatron.tasks.qa_data import read_squad
+        return lb.qa_label_bias(read_squad(path))
+    except DataError as exc:
+        if exc.path is None:  # the statistic found nothing to count: say which file
+            raise DataError(str(exc), path) from None
+        raise
 
 
 def run_label_bias(args: argparse.Namespace) -> int:

@@ -124,3 +124,6 @@ def test_cli_json_markdown_and_errors(capsys, caplog, tmp_path):
     (tmp_path / "bad.tsv").write_text("aspirin\tB-Chemical\nworks\n")
     rc, out, err = _cli(capsys, caplog, ["analyse", "label-bias", "ner", str(tmp_path / "bad.tsv")])
     assert rc == 2 and out == "" and f"{tmp_path / 'bad.tsv'}:2" in err
+    (tmp_path / "none.json").write_text('{"data": []}')
+    rc, out, err = _cli(capsys, caplog, ["analyse", "label-bias", "qa", str(tmp_path / "none.json")])
+    assert rc == 2 and out == "" and f"{tmp_path / 'none.json'}: no answered questions" in err
