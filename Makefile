@@ -32,10 +32,11 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/bio-megatron demo
+	@echo "The bio-megatron command is in $(VENV)/bin: run 'source $(VENV)/bin/activate' to put it on your PATH."
 
 test: $(STAMP)
 	@if [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then bash tests/system_deps.sh; fi
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -27,6 +27,7 @@ from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, text_of
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
+from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -193,9 +194,30 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
     ``licences``: keep only articles whose detected licence is in this set (``None`` keeps all;
     ``"commercial"`` stands for CC0 / CC BY / CC BY-SA / CC BY-ND / public domain). A malformed
     article is skipped and reported when ``skip_bad`` (a bulk package may hold a few broken files);
-    otherwise it is fatal.
+    otherwise it is fatal. No usable article at all is fatal too (nothing is written then), and
+    ``<output>.lock`` keeps a second run off ``output``.
     """
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
+    with exclusive_lock(f"{output}.lock", f"output {output}"):
+        return _extract_locked(inputs, output, workers, licences, skip_bad)
+
+
+def _no_usable_article(inputs: list[str | Path], stats: dict[str, Any]) -> DataError:
+    """Zero documents would be an empty JSONL that looks like a finished extraction: say why instead."""
+    where = ", ".join(map(str, inputs))
+    if stats["articles"] == 0:
+        return DataError("no PMC articles (.nxml/.xml or .tar.gz) found in the inputs", where)
+    found = ", ".join(f"{k}: {v}" for k, v in sorted(stats["licences"].items()))
+    problems = stats["problems"][:3]
+    return DataError(
+        f"no usable PMC article among {stats['articles']}: {stats['skipped_bad']} malformed, "
+        f"{stats['skipped_no_text']} without body text (licences found: {found or 'none'}); "
+        "expected JATS articles with <body> paragraphs"
+        + ("; first problems: " + " | ".join(problems) if problems else ""), where)
+
+
+def _extract_locked(inputs: list[str | Path], output: str | Path, workers: int,
+                    licences: Iterable[str] | None, skip_bad: bool) -> dict[str, Any]:
     allowed: set[str] | None = None
     if licences is not None:
         allowed = set()
@@ -239,6 +261,12 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
         finally:
             if pool:
                 pool.shutdown()
+        if not ids and not stats["skipped_licence"]:
+            # Only the user's own licence filter may legitimately leave nothing (a package without CC0).
+            raise _no_usable_article(inputs, stats)
+        if not ids:
+            log.warning("pmc: the licence filter %s kept none of %d articles (found %s)", sorted(allowed or ()),
+                        stats["articles"], stats["licences"])
         last = {doc_id: i for i, doc_id in enumerate(ids)}
         stats["duplicates"] = len(ids) - len(last)
         tmp.seek(0)
@@ -248,8 +276,6 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
                     out.write(line)
                     stats["documents"] += 1
                     stats["sentences"] += len(json.loads(line)["sentences"])
-    if stats["articles"] == 0:
-        raise DataError("no PMC articles (.nxml/.xml or .tar.gz) found in the inputs", ", ".join(map(str, inputs)))
     stats["seconds"] = round(progress.elapsed, 3)
     stats["docs_per_s"] = round(stats["articles"] / max(progress.elapsed, 1e-9), 1)
     stats["output"] = str(output)

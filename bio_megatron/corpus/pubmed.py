@@ -30,6 +30,7 @@ from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, iter_elements, text_of
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
+from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -134,12 +135,28 @@ def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 
 
     Returns statistics: files, records, documents written, empty abstracts dropped, superseded
     versions, deleted PMIDs, skipped records and the reasons, throughput. Raises ``DataError`` for a
-    file that cannot be read at all (truncated gzip, malformed XML, not UTF-8, empty).
+    file that cannot be read at all (truncated gzip, malformed XML, not UTF-8, empty), and when not
+    one record is usable (nothing is written then). ``<output>.lock`` keeps a second run off ``output``.
     """
     paths = [Path(p) for p in inputs]
     if not paths:
         raise DataError("no PubMed input files given")
-    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(f"{output}.lock", f"output {output}"):
+        return _extract_locked(paths, output, workers)
+
+
+def _no_usable_record(paths: list[Path], results: list[dict[str, Any]], masks: list[np.ndarray]) -> DataError:
+    """Zero documents would be an empty JSONL that looks like a finished extraction: say why instead."""
+    c = {k: sum(r["counts"][k] for r in results) for k in ("records", "empty_abstract", "skipped")}
+    problems = [p for r in results for p in r["problems"]][:3]
+    return DataError(
+        f"no usable PubMed record: {c['records']} <PubmedArticle> record(s), {c['empty_abstract']} with an "
+        f"empty abstract, {c['skipped']} malformed, {sum(len(m) for m in masks)} superseded or deleted; "
+        "expected PubMed XML with <PubmedArticle> records that have a <PMID> and an abstract"
+        + ("; first problems: " + " | ".join(problems) if problems else ""), ", ".join(map(str, paths)))
+
+
+def _extract_locked(paths: list[Path], output: str | Path, workers: int) -> dict[str, Any]:
     progress = Progress("pubmed files", total=len(paths))
     with tempfile.TemporaryDirectory(prefix=".pubmed-shards-", dir=Path(output).parent) as tmp:
         jobs = [(str(p), os.path.join(tmp, f"{i:06d}.jsonl")) for i, p in enumerate(paths)]
@@ -155,6 +172,8 @@ def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 
                 results.append(_parse_file(job))
                 progress.update(1)
         masks = _winners(results)
+        if not any(m.any() for m in masks):
+            raise _no_usable_record(paths, results, masks)
         written = sentences = 0
         with atomic_open(output, "w", encoding="utf-8") as out:
             for r, mask in zip(results, masks):

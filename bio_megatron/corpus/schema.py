@@ -45,6 +45,10 @@ def validate_record(obj: object) -> str | None:
     """Why a decoded JSON value is not a valid document, or ``None`` when it is."""
     if not isinstance(obj, dict):
         return f"expected a JSON object, got {type(obj).__name__}"
+    if "sentences" not in obj and isinstance(obj.get("text"), str):
+        # The Megatron-LM convention (tools/preprocess_data.py): say how to read it, not just "no id".
+        return ("no 'sentences' list; this looks like Megatron-LM {\"text\": ...} JSONL: "
+                "read it with --json-keys text")
     if not isinstance(obj.get("id"), str) or not obj["id"]:
         return "missing or empty string field 'id'"
     if obj.get("source") not in SOURCES:
@@ -63,9 +67,10 @@ class ReadStats:
 
     def skip(self, where: str, why: str, max_listed: int = 20) -> None:
         self.skipped += 1
+        # Listed and logged up to a cap: a wrong-schema file of a million lines must not flood the log.
         if len(self.problems) < max_listed:
             self.problems.append(f"{where}: {why}")
-        log.warning("skipping record %s: %s", where, why)
+            log.warning("skipping record %s: %s", where, why)
 
 
 def iter_documents(path: str | Path, stats: ReadStats | None = None,
@@ -96,6 +101,24 @@ def parse_record(raw: bytes) -> tuple[Any, str | None]:
         return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
     why = validate_record(obj)
     return (obj, None) if why is None else (None, why)
+
+
+def parse_text_record(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | None, str | None]:
+    """Decode one Megatron-LM style line (``{"text": "..."}``): ``(texts of json_keys in order, None)``,
+    or ``(None, why it is bad)``. Like Megatron-LM's ``preprocess_data.py``, every key must be present."""
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return None, f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
+    except json.JSONDecodeError as exc:
+        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    if not isinstance(obj, dict):
+        return None, f"expected a JSON object, got {type(obj).__name__}"
+    missing = [k for k in json_keys if not isinstance(obj.get(k), str)]
+    if missing:
+        have = ", ".join(repr(k) for k in list(obj)[:6]) or "none"
+        return None, f"missing string field(s) {', '.join(map(repr, missing))} asked by --json-keys (keys: {have})"
+    return [obj[k] for k in json_keys], None
 
 
 def _iter_lines(fh: IO[bytes], path: Path, stats: ReadStats, strict: bool) -> Iterator[tuple[int, dict]]:

@@ -12,7 +12,11 @@ How the properties the pipeline promises are obtained:
   with the corpus (only megatron's in-memory index of sentence lengths does, ~8 bytes a sentence).
 * **Resumable**: finished shards live in ``<prefix>.shards/`` with a ``.json`` written last; a rerun
   with the same inputs, vocabulary and settings reuses them. A manifest guards against mixing runs.
-* **Atomic**: shards and the final pair are written to temporary names and renamed when complete.
+* **Atomic**: shards and the final pair are written to temporary names (with the writer's PID) and
+  renamed when complete; ``<prefix>.lock`` keeps a second run off the same prefix while one is running.
+* **Never an empty success**: when no input record is usable (wrong schema, e.g. Megatron-LM
+  ``{"text": ...}`` lines without ``json_keys``), it fails naming the first bad ``file:line``s and
+  leaves no ``.bin/.idx``.
 * **Fast**: sentences are batch-encoded by the Rust ``tokenizers`` WordPiece, one batch per shard.
 """
 
@@ -28,19 +32,25 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bio_megatron.corpus.schema import ReadStats, parse_record
+from bio_megatron.corpus.schema import ReadStats, parse_record, parse_text_record
+from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
 _TOKENIZER: WordPieceTokenizer | None = None
+# Megatron-LM mode: the JSON keys whose text makes a document (None: our ``sentences`` schema). A
+# worker global like the tokenizer, so ``_tokenize_shard``'s signature stays (index, lines, prefix).
+_JSON_KEYS: tuple[str, ...] | None = None
 _MANIFEST_VERSION = 1
 
 
-def _init_worker(vocab: str, lowercase: bool | None) -> None:
-    global _TOKENIZER
+def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None) -> None:
+    global _TOKENIZER, _JSON_KEYS
+    _JSON_KEYS = json_keys
     # One process = one core: stop the Rust tokenizer from also spawning its own thread pool.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = WordPieceTokenizer(vocab, lowercase=lowercase)
@@ -71,11 +81,17 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
     stats = ReadStats()
     docs: list[list[str]] = []
     for path, lineno, raw in lines:
-        obj, why = parse_record(raw)
+        if _JSON_KEYS is None:
+            obj, why = parse_record(raw)
+            sents = obj["sentences"] if why is None else []
+        else:
+            # Several keys (title, text): one document, their sentences in the order the keys were given.
+            texts, why = parse_text_record(raw, _JSON_KEYS)
+            sents = [x for t in (texts or []) for x in split_sentences(t)]
         if why is not None:
             stats.skip(f"{path}:{lineno}", why)
             continue
-        docs.append([s for s in obj["sentences"] if s.strip()])
+        docs.append([s for s in sents if s.strip()])
     flat = [s for d in docs for s in d]
     ids = _TOKENIZER.tokenize_batch(flat) if flat else []
     # The shard is raw int32 tokens + its sequence/document index; the parent appends it to
@@ -84,7 +100,8 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
     doc_index = [0]
     n_docs = n_tokens = 0
     pos = 0
-    with open(shard_prefix + ".bin.tmp", "wb") as fh:
+    tmp = f".tmp-{os.getpid()}"  # unique per writer, so two writers can never share a half-written file
+    with open(shard_prefix + ".bin" + tmp, "wb") as fh:
         for doc in docs:
             seqs = [x for x in ids[pos:pos + len(doc)] if x]  # whitespace-only sentence -> no item
             pos += len(doc)
@@ -96,45 +113,88 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
             n_docs += 1
             n_tokens += sum(len(x) for x in seqs)
     n_sents = len(lengths)
-    with open(shard_prefix + ".idx.tmp", "wb") as fh:
+    with open(shard_prefix + ".idx" + tmp, "wb") as fh:
         np.savez(fh, sequence_lengths=np.asarray(lengths, np.int32), document_indices=np.asarray(doc_index, np.int64))
     unk = _TOKENIZER.unk
     n_unk = sum(x.count(unk) for x in ids)
     for ext in (".bin", ".idx"):
-        os.replace(shard_prefix + ext + ".tmp", shard_prefix + ext)
+        os.replace(shard_prefix + ext + tmp, shard_prefix + ext)
     result = {"shard": index, "lines": len(lines), "documents": n_docs, "sentences": n_sents,
               "tokens": n_tokens, "unknown_tokens": n_unk, "skipped_records": stats.skipped,
               "empty_documents": len(docs) - n_docs, "problems": stats.problems}
-    with open(shard_prefix + ".json.tmp", "w") as fh:
+    with open(shard_prefix + ".json" + tmp, "w") as fh:
         json.dump(result, fh)
-    os.replace(shard_prefix + ".json.tmp", shard_prefix + ".json")  # the shard's commit point
+    os.replace(shard_prefix + ".json" + tmp, shard_prefix + ".json")  # the shard's commit point
     return result
 
 
-def _manifest(paths: list[Path], vocab: Path, lowercase: bool | None, shard_lines: int) -> dict[str, Any]:
-    return {"version": _MANIFEST_VERSION, "shard_lines": shard_lines, "lowercase": lowercase,
-            "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
-            "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
-                       for p in paths if p.is_file()]}
+def _manifest(paths: list[Path], vocab: Path, lowercase: bool | None, shard_lines: int,
+              json_keys: tuple[str, ...] | None) -> dict[str, Any]:
+    m = {"version": _MANIFEST_VERSION, "shard_lines": shard_lines, "lowercase": lowercase,
+         "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
+         "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
+                    for p in paths if p.is_file()]}
+    if json_keys:  # only when set, so shards of runs made before the option existed stay reusable
+        m["json_keys"] = list(json_keys)
+    return m
+
+
+def _no_usable_records(paths: list[Path], results: dict[int, dict[str, Any]],
+                       json_keys: tuple[str, ...] | None) -> DataError:
+    """The error for inputs without a single usable document: what was expected, and the first problems."""
+    lines = sum(r["lines"] for r in results.values())
+    problems = [p for k in sorted(results) for p in results[k]["problems"]]
+    expected = (f"JSON objects with string field(s) {', '.join(map(repr, json_keys))}" if json_keys else
+                "JSON objects with 'id', 'source' (pubmed|pmc) and a 'sentences' list of strings "
+                "(or Megatron-LM {\"text\": ...} lines with --json-keys text)")
+    if problems:
+        found = "; first problems: " + " | ".join(problems[:3])
+    else:
+        found = f"; all {lines} records had no text"
+    return DataError(f"no usable document in {lines} non-blank line(s); expected {expected}{found}",
+                     ", ".join(map(str, paths)))
 
 
 def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, output_prefix: str | Path,
                     workers: int = 1, lowercase: bool | None = None, shard_lines: int = 2000,
-                    resume: bool = True, keep_shards: bool = False, **opts: Any) -> dict[str, Any]:
+                    resume: bool = True, keep_shards: bool = False,
+                    json_keys: list[str] | tuple[str, ...] | None = None, **opts: Any) -> dict[str, Any]:
     """Tokenize JSONL documents into ``<output_prefix>.bin/.idx``; return a summary.
 
-    ``lowercase=None`` follows the vocabulary (an uncased vocab lower-cases). Bad JSONL lines are
-    skipped, counted and listed in the summary; a missing/empty input or a bad vocabulary is fatal.
+    ``lowercase=None`` follows the vocabulary (an uncased vocab lower-cases). ``json_keys`` reads
+    Megatron-LM style ``{"text": ...}`` lines instead of our ``sentences`` schema: the keys' texts,
+    in order, make one document, split into sentences by ``corpus.sentences``. A few bad JSONL lines
+    are skipped, counted and listed in the summary; no usable line at all, a missing/empty input, a
+    bad vocabulary or a prefix held by another run is fatal.
     """
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
     if not paths:
         raise DataError("no input JSONL files given")
+    for path in paths:  # before anything is created or locked: a typo must not leave a shard folder behind
+        if not path.is_file():
+            raise DataError("input file not found", str(path))
+        if path.stat().st_size == 0:
+            raise DataError("empty file (0 bytes)", str(path))
+    keys = tuple(json_keys) if json_keys else None
     vocab = Path(vocab)
     tokenizer = WordPieceTokenizer(vocab, lowercase=lowercase)  # validates the vocab before any work
     prefix = Path(output_prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(f"{prefix}.lock", f"output prefix {prefix}"):
+        try:
+            return _tokenize_locked(paths, vocab, tokenizer, prefix, workers, shard_lines, resume,
+                                    keep_shards, keys)
+        except OSError as e:
+            # Only our own outputs (all named <prefix>...): e.g. the disk filled or the folder became read-only.
+            if e.filename is None or not str(e.filename).startswith(str(prefix)):
+                raise
+            raise DataError(f"cannot write the tokenized output ({e.strerror or e})", str(e.filename)) from None
+
+
+def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokenizer, prefix: Path, workers: int,
+                     shard_lines: int, resume: bool, keep_shards: bool,
+                     keys: tuple[str, ...] | None) -> dict[str, Any]:
     work = Path(f"{prefix}.shards")
-    manifest = _manifest(paths, vocab, tokenizer.lowercase, shard_lines)
+    manifest = _manifest(paths, vocab, tokenizer.lowercase, shard_lines, keys)
     manifest_path = work / "manifest.json"
     if work.exists() and not (resume and manifest_path.is_file()
                               and json.loads(manifest_path.read_text()) == manifest):
@@ -146,12 +206,14 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     results: dict[int, dict[str, Any]] = {}
     reused = 0
     progress = Progress("tokenize shards", total_bytes=sum(p.stat().st_size for p in paths if p.is_file()))
+    if keys is not None:
+        warm_up()  # load NLTK once; forked workers inherit it
     if workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                                   initargs=(str(vocab), tokenizer.lowercase))
+                                   initargs=(str(vocab), tokenizer.lowercase, keys))
     else:
         pool = None
-        _init_worker_in_process(tokenizer)
+        _init_worker_in_process(tokenizer, keys)
     pending: dict[int, Future] = {}
     shard_bytes: dict[int, int] = {}
 
@@ -190,18 +252,13 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
                 os.environ.__setitem__("TOKENIZERS_PARALLELISM", _PREV_PAR[0])
     tokenize_s = progress.elapsed
 
-    if not results:
-        raise DataError("no documents found in the inputs", ", ".join(map(str, paths)))
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    # Concatenate the shards in order into the final pair, written under temporary names first.
-    tmp = Path(f"{prefix}.tmp-{os.getpid()}")
-    builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.int32)
-    for k in range(len(results)):
-        _append_shard(builder, str(work / f"shard-{k:06d}"))
-    builder.finalize(f"{tmp}.idx")
-    os.replace(f"{tmp}.bin", f"{prefix}.bin")
-    os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    if not any(r["documents"] for r in results.values()):
+        # Shards of nothing are no progress worth resuming; an empty .bin must never look like a dataset.
+        shutil.rmtree(work, ignore_errors=True)
+        if not results:
+            raise DataError("no documents found in the inputs (only blank lines)", ", ".join(map(str, paths)))
+        raise _no_usable_records(paths, results, keys)
+    _write_output(prefix, work, len(results))
     if not keep_shards:
         shutil.rmtree(work)
 
@@ -210,6 +267,7 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     elapsed = progress.elapsed
     summary = {**tot, "shards": len(results), "shards_reused": reused, "workers": workers,
                "lowercase": tokenizer.lowercase, "vocab": str(vocab), "vocab_size": tokenizer.vocab_size,
+               "json_keys": list(keys) if keys else None,
                "unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
                "problems": [p for k in sorted(results) for p in results[k]["problems"]][:20],
                "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
@@ -220,6 +278,24 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
              "in %.1fs: %s tokens/s", tot["documents"], tot["sentences"], tot["tokens"],
              100 * summary["unknown_rate"], tot["skipped_records"], elapsed, f"{summary['tokens_per_s']:,}")
     return summary
+
+
+def _write_output(prefix: Path, work: Path, n_shards: int) -> None:
+    """Concatenate the shards in order into ``<prefix>.bin/.idx``, under PID-suffixed temporary names
+    first, removed again on any failure so that nothing half-written is left beside the outputs."""
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    tmp = Path(f"{prefix}.tmp-{os.getpid()}")
+    try:
+        builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.int32)
+        for k in range(n_shards):
+            _append_shard(builder, str(work / f"shard-{k:06d}"))
+        builder.finalize(f"{tmp}.idx")
+        os.replace(f"{tmp}.bin", f"{prefix}.bin")
+        os.replace(f"{tmp}.idx", f"{prefix}.idx")
+    finally:
+        for ext in (".bin", ".idx"):
+            Path(f"{tmp}{ext}").unlink(missing_ok=True)
 
 
 _PREV_PAR: list[str | None] = [None]
@@ -238,9 +314,10 @@ def _append_shard(builder: Any, shard_prefix: str) -> None:
         shutil.copyfileobj(fh, builder.data_file)
 
 
-def _init_worker_in_process(tokenizer: WordPieceTokenizer) -> None:
+def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str, ...] | None = None) -> None:
     """workers=1: tokenize in this process, single-threaded, so 1 vs N workers is a fair comparison."""
-    global _TOKENIZER
+    global _TOKENIZER, _JSON_KEYS
+    _JSON_KEYS = json_keys
     _PREV_PAR[0] = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = tokenizer

@@ -31,3 +31,14 @@ class DataError(BioMegatronError):
 
 class CheckpointError(BioMegatronError):
     """A checkpoint that cannot be read or does not match what was asked."""
+
+
+class LockError(BioMegatronError):
+    """An output (data prefix, run or experiment directory) is held by another live process."""
+
+
+class NonFiniteError(BioMegatronError):
+    """Training stopped because the loss or gradients stayed NaN/Inf for ``trainer.max_nonfinite_steps`` steps
+    in a row. Exit code 3, so that a job script can tell a diverged run from a bad input (2)."""
+
+    exit_code = 3
