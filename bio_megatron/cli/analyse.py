@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from pathlib import Path
 
+from bio_megatron.cli.evaluate import emit
 from bio_megatron.tasks.re_data import RELATION_FORMATS, read_relations
 
 
@@ -43,10 +43,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     mo.set_defaults(func=run_mention_overlap)
 
 
+# What each reader expects, for the errors: a file with nothing to count names its format.
+_EXPECTED = {"ner": "IOB 'token<TAB>tag' lines", "re": "ChemProt examples (NeMo tsv, SciBERT JSON lines or an "
+             "original split directory)", "qa": "SQuAD-format JSON with answered questions"}
+
+
 def _stats(task: str, path: str, args: argparse.Namespace, tokenizer) -> dict:
     from bio_megatron.evaluation import label_bias as lb
+    from bio_megatron.evaluation.inputs import check_text_file
     from bio_megatron.utils.errors import DataError
 
+    if not Path(path).is_dir():  # a directory is an original ChemProt split; its reader checks its files
+        check_text_file(path, _EXPECTED[task])
     try:
         if task == "ner":
             from bio_megatron.tasks.ner_data import read_iob
@@ -56,8 +64,8 @@ def _stats(task: str, path: str, args: argparse.Namespace, tokenizer) -> dict:
         from bio_megatron.tasks.qa_data import read_squad
         return lb.qa_label_bias(read_squad(path))
     except DataError as exc:
-        if exc.path is None:  # the statistic found nothing to count: say which file
-            raise DataError(str(exc), path) from None
+        if exc.path is None:  # the statistic found nothing to count: say which file and what it should hold
+            raise DataError(f"{exc}; expected {_EXPECTED[task]}", path) from None
         raise
 
 
@@ -75,24 +83,38 @@ def run_label_bias(args: argparse.Namespace) -> int:
         tokenizer = WordPieceTokenizer(args.vocab, lowercase=args.lowercase)
     results = {path: _stats(args.task, path, args, tokenizer) for path in args.files}
     if args.format == "markdown":
-        sys.stdout.write(markdown_table([(args.task.upper(), path, r) for path, r in results.items()]))
-        return 0
+        return emit(markdown_table([(args.task.upper(), path, r) for path, r in results.items()]))
     out = {"task": args.task, "definition": DEFINITION[args.task], "files": results}
     if tokenizer is not None:
         out["vocab"] = args.vocab
-    json.dump(out, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
+    return emit(out)
+
+
+def _iob_sentences(path: str) -> list[tuple[list[str], list[str]]]:
+    from bio_megatron.evaluation.inputs import check_text_file
+    from bio_megatron.tasks.ner_data import read_iob
+    from bio_megatron.utils.errors import DataError
+
+    check_text_file(path, _EXPECTED["ner"])
+    sentences = [(s.words, s.tags) for s in read_iob(path)]
+    if not sentences:
+        raise DataError(f"no sentences; expected {_EXPECTED['ner']}", path)
+    return sentences
 
 
 def run_mention_overlap(args: argparse.Namespace) -> int:
     from bio_megatron.evaluation.mention_overlap import mention_overlap
-    from bio_megatron.tasks.ner_data import read_iob
+    from bio_megatron.utils.errors import DataError
 
-    train = [(s.words, s.tags) for s in read_iob(args.train)]
+    train = _iob_sentences(args.train)
     out = {"train": args.train, "eval": {}}
     for path in args.eval:
-        out["eval"][path] = mention_overlap(train, [(s.words, s.tags) for s in read_iob(path)])
-    json.dump(out, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
+        result = mention_overlap(train, _iob_sentences(path))
+        # an overlap of 0 mentions (or against 0 training mentions) is 0% of nothing, not a finding
+        if not result["train_mentions"]:
+            raise DataError("no entity mention (B-/I- tag) in the training file; nothing to overlap with",
+                            args.train)
+        if not result["overall"]["mentions"]:
+            raise DataError("no entity mention (B-/I- tag) in the evaluation file; nothing to measure", path)
+        out["eval"][path] = result
+    return emit(out)

@@ -48,22 +48,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     bs.set_defaults(func=run_bioasq_submission)
 
 
-def _emit(obj: dict) -> int:
-    json.dump(obj, sys.stdout, indent=2)
-    sys.stdout.write("\n")
+def emit(obj: dict | str) -> int:
+    """Print the result (a dict as indented JSON). A reader that stops early (``| head``) is handled once, in
+    ``cli.main``, which flushes stdout inside its error handling."""
+    sys.stdout.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2) + "\n")
     return 0
 
 
-def _load(path: str):
-    from bio_megatron.tasks.qa_data import load_json
+def _load(path: str, expected: str) -> object:
+    from bio_megatron.evaluation.inputs import load_json
 
-    return load_json(path)
+    return load_json(path, expected)
 
 
 def run_ner(args: argparse.Namespace) -> int:
     from bio_megatron.evaluation.conlleval import evaluate_file
 
-    return _emit(evaluate_file(args.input))
+    return emit(evaluate_file(args.input))
 
 
 def run_re(args: argparse.Namespace) -> int:
@@ -77,39 +78,58 @@ def run_re(args: argparse.Namespace) -> int:
     gold, pred = read_label_column(args.gold, mapping), read_label_column(args.pred, mapping)
     if len(gold) != len(pred):
         raise DataError(f"{len(gold)} gold labels ({args.gold}) but {len(pred)} predictions", args.pred)
-    return _emit(chemprot_scores(gold, pred))
+    return emit(chemprot_scores(gold, pred))
 
 
 def run_squad(args: argparse.Namespace) -> int:
-    from bio_megatron.evaluation.squad import evaluate
-    from bio_megatron.utils.errors import DataError
+    from bio_megatron.evaluation.squad import check_dataset, check_na_probs, evaluate
+    from bio_megatron.utils.errors import ConfigError
 
-    data, preds = _load(args.data), _load(args.predictions)
-    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
-        raise DataError('expected a SQuAD JSON object with a "data" list', args.data)
-    if not isinstance(preds, dict):
-        raise DataError("expected a JSON object question id -> answer text", args.predictions)
-    na_probs = _load(args.na_prob_file) if args.na_prob_file else None
-    return _emit(evaluate(data, preds, args.version, na_probs, args.na_prob_thresh))
+    data = _load(args.data, "a SQuAD JSON object with a \"data\" list")
+    preds = _load(args.predictions, "a JSON object question id -> answer text")
+    na_probs = None
+    if args.na_prob_file:
+        if args.version == "1.1":
+            raise ConfigError("--na-prob-file applies to SQuAD v2.0 only (--version 1.1 given)")
+        na_probs = _load(args.na_prob_file, "a JSON object question id -> no-answer probability")
+        check_na_probs(na_probs, check_dataset(data, args.data), args.na_prob_file)
+    return emit(evaluate(data, preds, args.version, na_probs, args.na_prob_thresh,
+                          data_path=args.data, predictions_path=args.predictions))
 
 
 def run_bioasq(args: argparse.Namespace) -> int:
-    from bio_megatron.evaluation.bioasq import factoid_scores, golden_factoids, submission_answers
+    from bio_megatron.evaluation.bioasq import check_submission_ids, factoid_scores, golden_factoids, \
+        submission_answers
 
-    golden = golden_factoids(_load(args.golden), args.golden)
-    system = submission_answers(_load(args.predictions), args.predictions)
-    return _emit(factoid_scores(golden, system))
+    golden_json = _load(args.golden, "an official BioASQ golden JSON object with a \"questions\" list")
+    golden = golden_factoids(golden_json, args.golden)
+    system = submission_answers(_load(args.predictions, 'a BioASQ submission JSON object with a "questions" list'),
+                                args.predictions)
+    check_submission_ids(golden_json, golden, system, args.golden, args.predictions)
+    return emit(factoid_scores(golden, system))
 
 
 def run_bioasq_submission(args: argparse.Namespace) -> int:
     from bio_megatron.evaluation.bioasq import build_submission
-    from bio_megatron.utils.errors import DataError
+    from bio_megatron.evaluation.inputs import first_few
+    from bio_megatron.utils.errors import ConfigError, DataError
     from bio_megatron.utils.io import write_json_atomic
 
-    nbest = _load(args.nbest)
-    if not isinstance(nbest, dict):
-        raise DataError("expected a JSON object snippet id -> n-best list", args.nbest)
-    submission = build_submission(nbest, max_answers=args.max_answers)
+    if args.max_answers < 1:
+        raise ConfigError(f"--max-answers must be at least 1, got {args.max_answers}")
+    nbest = _load(args.nbest, "a JSON object snippet id -> n-best list")
+    if not isinstance(nbest, dict) or not nbest:
+        raise DataError("expected a non-empty JSON object snippet id -> n-best list", args.nbest)
+    bad = [k for k, v in nbest.items() if not isinstance(v, list)]
+    if bad:
+        raise DataError(f"the n-best of {first_few(bad)} is not a list of {{'text', 'probability'}} objects",
+                        args.nbest)
+    try:
+        submission = build_submission(nbest, max_answers=args.max_answers)
+    except DataError as exc:
+        if exc.path is None:  # the pooling step does not know the file: name it
+            raise DataError(str(exc), args.nbest) from None
+        raise
     if args.out:
         write_json_atomic(args.out, submission)
-    return _emit(submission)
+    return emit(submission)

@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
+from bio_megatron.evaluation.inputs import first_few
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
 
@@ -183,6 +184,34 @@ def submission_answers(submission_json: Any, path: str | None = None) -> dict[st
     return out
 
 
+def check_submission_ids(golden_json: Any, golden: Mapping[str, Any], system: Mapping[str, Any],
+                         golden_path: str | None = None, submission_path: str | None = None) -> None:
+    """Refuse a score computed from nothing: a golden file without factoid questions, or a submission that
+    answers none of them (an empty one, or one made for another golden file, whose ids are all unknown).
+
+    A submission that scores at least one question is kept as the official evaluator scores it: golden
+    questions it lacks are skipped (``missing_questions``) and ids the golden file lacks are ignored, logged.
+    """
+    if not golden:
+        raise DataError('no factoid question (\"type\": \"factoid\") in the golden file; nothing to score',
+                        golden_path)
+    every_golden_id = {q["id"] for q in golden_json["questions"]}
+    unknown = [qid for qid in system if qid not in every_golden_id]
+    if not any(qid in system for qid in golden):
+        if not system:
+            raise DataError("the submission has no questions; expected one per golden factoid question, e.g. "
+                            f"{first_few(golden)}", submission_path)
+        if unknown:
+            raise DataError(f"{len(unknown)} submitted question id(s) are not in the golden file {golden_path}: "
+                            f"{first_few(unknown)}; no golden factoid question is answered (a submission for "
+                            f"another golden file?)", submission_path)
+        raise DataError(f"none of the {len(golden)} golden factoid questions (e.g. {first_few(golden)}) is in "
+                        f"the submission; nothing to score", submission_path)
+    if unknown:
+        log.warning("%s: %d submitted question id(s) are not in the golden file and are ignored, as the official "
+                    "evaluator does: %s", submission_path or "submission", len(unknown), first_few(unknown))
+
+
 def question_id(snippet_id: str) -> str:
     """``55031181e9bde69634000014_003`` -> ``55031181e9bde69634000014`` (ids without a suffix unchanged)."""
     return _SNIPPET_SUFFIX.sub("", snippet_id)
@@ -209,6 +238,8 @@ def pool_nbest(nbest: Mapping[str, Iterable[Mapping]], max_answers: int = MAX_AN
         for entry in entries:
             try:
                 text, prob = entry["text"], float(entry["probability"])
+                if not isinstance(text, str):
+                    raise TypeError(text)
             except (KeyError, TypeError, ValueError):
                 raise DataError(f'n-best entry of {snippet_id!r} needs "text" and a numeric "probability", '
                                 f"got {entry!r}") from None

@@ -10,16 +10,20 @@ Values are fractions in [0, 1], as scikit-learn returns them (multiply by 100 fo
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from bio_megatron.evaluation.inputs import iter_lines
 from bio_megatron.utils.errors import DataError
 
 POSITIVE_LABELS: tuple[str, ...] = ("CPR:3", "CPR:4", "CPR:5", "CPR:6", "CPR:9")
 NEGATIVE_LABEL = "false"
 # id 0 is the negative class, the rest sorted: the same rule as the NER label map (pad label first).
 CHEMPROT_LABELS: tuple[str, ...] = (NEGATIVE_LABEL,) + POSITIVE_LABELS
+# The original corpus has ten groups; those not evaluated (CPR:1, 2, 7, 8, 10) are negatives, not errors.
+_CPR_GROUP = re.compile(r"^CPR:\d+$")
 
 
 def _ratio(num: int, den: int) -> float:
@@ -66,21 +70,35 @@ def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = 
     """Labels from a file with one label per line, or from the last tab-separated field of a NeMo tsv.
 
     Integer labels are mapped through ``id_to_label`` (default: ``CHEMPROT_LABELS`` order, ``false`` = 0).
+    Every line must have the field count of the first (1 or 2), and every label must be a name of the map
+    or a ChemProt group ``CPR:<n>``: a sentence column read as a label would silently count as a negative.
+    Blank lines are skipped; no label at all is an error.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found (expected one label per line or 'sentence<TAB>label')", str(path))
+    expected = "one label per line or 'sentence<TAB>label'"
     mapping = dict(id_to_label) if id_to_label is not None else dict(enumerate(CHEMPROT_LABELS))
-    labels = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.rstrip("\n").rstrip("\r")
-            if not line.strip():
-                continue
-            value = line.rsplit("\t", 1)[-1].strip()
-            if value.lstrip("-").isdigit():
-                if int(value) not in mapping:
-                    raise DataError(f"label id {value} is not in the label map {mapping}", str(path), lineno)
-                value = mapping[int(value)]
-            labels.append(value)
+    names = set(mapping.values())
+    labels: list[str] = []
+    n_fields = first_line = 0
+    for lineno, line in iter_lines(path, expected):
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        if not n_fields:
+            n_fields, first_line = len(fields), lineno
+            if n_fields > 2:
+                raise DataError(f"{n_fields} tab-separated fields; expected {expected}", str(path), lineno)
+        elif len(fields) != n_fields:
+            raise DataError(f"{len(fields)} tab-separated field(s) but line {first_line} has {n_fields}; "
+                            f"expected {expected} on every line", str(path), lineno)
+        value = fields[-1].strip()
+        if value.lstrip("-").isdigit():
+            if int(value) not in mapping:
+                raise DataError(f"label id {value} is not in the label map {mapping}", str(path), lineno)
+            value = mapping[int(value)]
+        elif value not in names and not _CPR_GROUP.match(value):
+            raise DataError(f"unknown label {value[:60]!r}; expected a label id or name of {mapping} "
+                            f"(or a ChemProt group CPR:<n>)", str(path), lineno)
+        labels.append(value)
+    if not labels:
+        raise DataError(f"no labels; expected {expected}", str(path))
     return labels

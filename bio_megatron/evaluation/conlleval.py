@@ -13,7 +13,9 @@ published numbers of the paper come from that script and its treatment of ill-fo
 * precision, recall and F1 are percentages; a type with no guesses has precision 0.
 
 Input lines are split on runs of white space (the script splits on single spaces; for
-single-space-separated files, the format it documents, the two agree).
+single-space-separated files, the format it documents, the two agree). Unlike the script, input it
+would score as nonsense is refused (:func:`evaluate_lines`): fewer than three fields, no token, or a
+tag column without any IOB tag.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from bio_megatron.evaluation.inputs import iter_lines
 from bio_megatron.utils.errors import DataError
 
 BOUNDARY = "-X-"
@@ -161,34 +164,56 @@ def report(counts: ChunkCounts) -> dict:
     }
 
 
+EXPECTED = "conlleval format: 'token ... gold pred' per line, blank line between sentences"
+# First letters of the tags an IOB/IOBES/BILOU scheme uses: a gold or predicted column with none of these
+# is not a tag column (a POS column, or tokens), and scoring it would print zeros that look like a result.
+_TAG_PREFIXES = frozenset("OBIESUL")
+
+
+def _looks_like_tag(tag: str) -> bool:
+    return split_tag(tag)[0] in _TAG_PREFIXES
+
+
 def evaluate_lines(lines: Iterable[str], path: str | None = None) -> dict:
-    """Score conlleval-format lines (``token ... gold pred``; blank line or ``-X-`` between sentences)."""
+    """Score conlleval-format lines (``token ... gold pred``; blank line or ``-X-`` between sentences).
+
+    Unlike the perl script, a line of fewer than three fields is refused: a ``token<TAB>tag`` file (the
+    training format, no prediction column) would otherwise score the tokens as gold tags. So are input
+    without any token and input whose gold or predicted column holds no IOB tag at all.
+    """
     counts = ChunkCounts()
     n_features = -1
+    gold_seen = pred_seen = False
     for lineno, raw in enumerate(lines, 1):
         features = raw.split()
         if n_features < 0:
             n_features = len(features) - 1  # like the script: the first line, even an empty one, sets it
         elif len(features) - 1 != n_features and features:
             raise DataError(f"unexpected number of fields: {len(features)} (earlier lines have "
-                            f"{n_features + 1}); expected 'token gold pred'", path, lineno)
+                            f"{n_features + 1}); expected 'token ... gold pred'", path, lineno)
         if not features or features[0] == BOUNDARY:
             features = [BOUNDARY, "O", "O"]
-        if len(features) < 2:
-            raise DataError(f"need at least a gold and a predicted tag, got {raw.rstrip()!r}", path, lineno)
-        # with exactly two fields the script's first item is the gold tag itself
+        elif len(features) < 3:
+            raise DataError(f"{len(features)} field(s) {raw.strip()!r}; expected 'token ... gold pred' as "
+                            f"conlleval (the last two columns are the gold and the predicted tag; a "
+                            f"'token<TAB>tag' file has no prediction column)", path, lineno)
+        else:
+            gold_seen = gold_seen or _looks_like_tag(features[-2])
+            pred_seen = pred_seen or _looks_like_tag(features[-1])
         counts.add(features[0], features[-2], features[-1])
     counts.finish()
+    if counts.tokens == 0:
+        raise DataError(f"no tokens to score; expected {EXPECTED}", path)
+    for seen, which, column in ((gold_seen, "gold", n_features), (pred_seen, "predicted", n_features + 1)):
+        if not seen:
+            raise DataError(f"column {column} (the {which} tags) holds no IOB tag (O, B-type, I-type, ...); "
+                            f"expected {EXPECTED}", path)
     return report(counts)
 
 
 def evaluate_file(path: str | Path) -> dict:
     """Score a conlleval-format file; see :func:`evaluate_lines`."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("file not found (expected conlleval format: 'token gold pred' per line)", str(path))
-    with open(path, encoding="utf-8") as fh:
-        return evaluate_lines(fh, str(path))
+    return evaluate_lines((line for _, line in iter_lines(path, EXPECTED)), str(path))
 
 
 def evaluate_sequences(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> dict:

@@ -16,10 +16,12 @@ All scores are percentages, as both scripts report them.
 from __future__ import annotations
 
 import collections
+import json
 import re
 import string
 from typing import Mapping
 
+from bio_megatron.evaluation.inputs import first_few, line_of
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
 
@@ -187,11 +189,88 @@ def detect_version(dataset_json: dict) -> str:
     return "1.1"
 
 
+def _where(path: str | None, qid: object) -> int | None:
+    return line_of(path, json.dumps(qid, ensure_ascii=False)) if path and isinstance(qid, str) and qid else None
+
+
+def check_dataset(dataset_json: object, path: str | None = None) -> list[str]:
+    """Question ids of a SQuAD JSON, after checking the shape both official scripts index blindly
+    (``data[].paragraphs[].qas[]`` with a string ``id`` and an ``answers`` list of ``{"text": str}``)."""
+    if not isinstance(dataset_json, dict) or not isinstance(dataset_json.get("data"), list):
+        raise DataError('expected a SQuAD JSON object with a "data" list', path)
+    qids = []
+    for a, article in enumerate(dataset_json["data"]):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise DataError(f'data[{a}] needs a "paragraphs" list', path)
+        for p, para in enumerate(article["paragraphs"]):
+            if not isinstance(para, dict) or not isinstance(para.get("qas"), list):
+                raise DataError(f'data[{a}].paragraphs[{p}] needs a "qas" list', path)
+            for q, qa in enumerate(para["qas"]):
+                key = f"data[{a}].paragraphs[{p}].qas[{q}]"
+                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
+                    question = qa.get("question") if isinstance(qa, dict) else None
+                    raise DataError(f'{key} needs a string "id"', path, _where(path, question))
+                answers = qa.get("answers")
+                if not isinstance(answers, list) or not all(
+                        isinstance(ans, dict) and isinstance(ans.get("text"), str) for ans in answers):
+                    raise DataError(f'{key} (id {qa["id"]!r}) needs "answers": a list of {{"text": ...}} objects '
+                                    f'([] for an unanswerable question)', path, _where(path, qa["id"]))
+                qids.append(qa["id"])
+    if not qids:
+        raise DataError("no questions in the data; expected data[].paragraphs[].qas[]", path)
+    return qids
+
+
+def check_predictions(predictions: object, qids: list[str], path: str | None = None) -> None:
+    """Predictions must map question ids to strings and answer at least one question of the data; ids the
+    data lacks are ignored, as the official scripts do, but logged."""
+    if not isinstance(predictions, dict):
+        raise DataError("expected a JSON object question id -> answer text", path)
+    for qid, pred in predictions.items():
+        if not isinstance(pred, str):
+            raise DataError(f"prediction for {qid!r} is {type(pred).__name__} {str(pred)[:40]}; expected a string "
+                            f'(the answer text, "" for no answer)', path, _where(path, qid))
+    known = set(qids)
+    unknown = [k for k in predictions if k not in known]
+    if len(unknown) == len(predictions):
+        raise DataError(f"no prediction is for a question of the data ({len(predictions)} predictions, ids "
+                        f"{first_few(unknown)}; the data has e.g. {first_few(qids)}): predictions for another "
+                        f"file?", path)
+    if unknown:
+        log.warning("%s: %d prediction(s) for ids not in the data are ignored: %s", path or "predictions",
+                    len(unknown), first_few(unknown))
+
+
+def check_na_probs(na_probs: object, qids: list[str], path: str | None = None) -> None:
+    """The v2.0 threshold sweep needs a numeric no-answer probability for every question."""
+    if not isinstance(na_probs, dict):
+        raise DataError("expected a JSON object question id -> no-answer probability", path)
+    bad = [k for k in qids if isinstance(na_probs.get(k), bool) or not isinstance(na_probs.get(k), (int, float))]
+    if bad:
+        raise DataError(f"{len(bad)} question(s) have no numeric no-answer probability, e.g. {first_few(bad)}",
+                        path, _where(path, bad[0]))
+
+
 def evaluate(dataset_json: dict, predictions: Mapping[str, str], version: str | None = None,
-             na_probs: Mapping[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict:
-    """Score ``predictions`` (question id -> answer text) against a SQuAD JSON with the official logic."""
+             na_probs: Mapping[str, float] | None = None, na_prob_thresh: float = 1.0,
+             data_path: str | None = None, predictions_path: str | None = None) -> dict:
+    """Score ``predictions`` (question id -> answer text) against a SQuAD JSON with the official logic.
+
+    The inputs are checked first (:func:`check_dataset`, :func:`check_predictions`); the paths, when given,
+    are named in the errors. v1.1 scoring of data with unanswerable questions is refused (the v1.1 script
+    takes a max over no gold answers and crashes).
+    """
+    qids = check_dataset(dataset_json, data_path)
+    check_predictions(predictions, qids, predictions_path)
     version = version or detect_version(dataset_json)
     data = dataset_json["data"]
     if version.lstrip("v").startswith("1"):
+        no_answer = [qa["id"] for qa in _questions(data) if not qa["answers"]]
+        if no_answer:
+            raise DataError(f"SQuAD v1.1 scoring, but {len(no_answer)} question(s) have no gold answer "
+                            f"(v2.0 data, e.g. {first_few(no_answer)}); use version 2.0", data_path,
+                            _where(data_path, no_answer[0]))
         return evaluate_v1(data, predictions)
+    if na_probs is not None:
+        check_na_probs(na_probs, qids)
     return evaluate_v2(data, predictions, na_probs, na_prob_thresh)
