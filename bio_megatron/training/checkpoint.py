@@ -5,18 +5,24 @@ Layout on disk (self-describing, loadable at any TP/PP layout)::
     <run>/checkpoints/iter_0000100/   dist-checkpoint shards + config.yaml, vocab.txt, bio_megatron.json
     <run>/checkpoints/latest          "100", replaced atomically after the directory is complete
 
-A save goes to ``.iter_XXXXXXX.tmp`` and is renamed when every rank has written, so a crash mid-save
-never leaves a broken ``latest``.
+A save goes to ``.iter_XXXXXXX.tmp`` and is renamed when every rank has written and ``checksums.json``
+(sha256 of every file, :mod:`bio_megatron.training.integrity`) is in place, so a crash mid-save never
+leaves a broken ``latest``. Every load verifies the directory first and reads it with pickle allow-lists;
+automatic resume falls back to the previous intact checkpoint when the newest is damaged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -24,6 +30,7 @@ import torch.distributed as dist
 import yaml
 
 from bio_megatron.config.loader import to_dict
+from bio_megatron.training import integrity
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_open, atomic_path, write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -38,31 +45,34 @@ def _barrier() -> None:
         dist.barrier()
 
 
-_MANAGER = None
-
-
-def _fast_write_queue() -> None:
-    """dist-checkpointing starts a *spawn* multiprocessing Manager on the first save (3-4 s on CPU, and it
-    re-imports ``__main__``). A fork-context Manager does the same job without re-importing anything."""
-    global _MANAGER
+def _in_process_write_queue() -> None:
+    """dist-checkpointing collects each save's write results through a *spawn* ``multiprocessing.Manager``
+    queue, started on the first save (3-4 s on CPU, it re-imports ``__main__``, and the Manager process
+    outlives a rank that is SIGKILLed). Our saves are synchronous: the writer threads and the reader of the
+    results are in this process (``execute_sync`` in megatron-core's async_utils), so a plain thread-safe
+    queue does the same job and no process is started at all."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 
-    if getattr(fa, "_results_queue", None) is None and not torch.cuda.is_available():
-        import multiprocessing as mp
-
-        _MANAGER = mp.get_context("fork").Manager()
-        fa._results_queue = _MANAGER.Queue()
+    if not isinstance(getattr(fa, "_results_queue", None), queue.Queue):
+        fa._results_queue = queue.Queue()
 
 
 def shutdown_writer() -> None:
-    """Stop the Manager process started for checkpoint writes (it would outlive a rank that exits hard)."""
-    global _MANAGER
+    """Forget the write-results queue (kept for the callers' clean-up paths; no process to stop)."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
 
-    if _MANAGER is not None:
-        _MANAGER.shutdown()
-        _MANAGER = None
+    if isinstance(getattr(fa, "_results_queue", None), queue.Queue):
         fa._results_queue = None
+
+
+@contextlib.contextmanager
+def _quiet_sharded_tensor() -> Iterator[None]:
+    """megatron-core's torch_dist strategy converts to torch's ShardedTensor, which warns on every save and
+    load; the warning is for megatron-core, not for our users."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Please use DTensor instead and we are deprecating ShardedTensor",
+                                category=FutureWarning)
+        yield
 
 
 def remove_stale_saves(root: Path) -> None:
@@ -175,19 +185,24 @@ def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: d
     (directory / "bio_megatron.json").write_text(json.dumps({"format": "bio_megatron/1", **meta}, indent=2) + "\n")
 
 
+def _dist_save(state: dict, directory: Path) -> None:
+    from megatron.core import dist_checkpointing
+
+    _in_process_write_queue()
+    strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
+    with _quiet_sharded_tensor():
+        dist_checkpointing.save(state, str(directory), sharded_strategy=strategy)
+
+
 def save_model_checkpoint(out: Path, model, cfg, vocab_file: str | Path, meta: dict,
                           files: dict[str, str] | None = None) -> Path:
     """A model-only checkpoint (iteration 0) written by one process, atomically (``import hf``)."""
-    from megatron.core import dist_checkpointing
-
-    _fast_write_queue()
     try:
         with atomic_path(out) as tmp:
             tmp.mkdir()
-            strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
-            dist_checkpointing.save({"model": model.sharded_state_dict(), "iteration": 0}, str(tmp),
-                                    sharded_strategy=strategy)
+            _dist_save({"model": model.sharded_state_dict(), "iteration": 0}, tmp)
             _describe(tmp, cfg, vocab_file, {"iteration": 0, "model_only": True, **meta}, files)
+            integrity.write_manifest(tmp, integrity.digest_files(tmp, sorted(os.listdir(tmp)), collective=False))
     finally:
         shutdown_writer()
     return Path(out)
@@ -196,22 +211,27 @@ def save_model_checkpoint(out: Path, model, cfg, vocab_file: str | Path, meta: d
 def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, vocab_file: str | Path,
                     layout: Layout, extra_meta: dict | None = None) -> Path:
     """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it."""
-    from megatron.core import dist_checkpointing
-
-    _fast_write_queue()
     final, tmp = iteration_dir(root, step), root / f".iter_{step:07d}.tmp"
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    is_writer = not dist.is_initialized() or dist.get_rank() == 0
+    if is_writer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)  # dist_checkpointing.save requires an existing, empty directory
     _barrier()
-    strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
-    dist_checkpointing.save(_sharded_state(model, optimizer, scheduler, step, False, True, True), str(tmp),
-                            sharded_strategy=strategy)
+    _dist_save(_sharded_state(model, optimizer, scheduler, step, False, True, True), tmp)
     _barrier()
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    # Every rank hashes a share of the shards (page-cache hot: they were just written); rank 0 names them so
+    # that all ranks agree on the list even where a shared file system lists lazily.
+    names = [sorted(os.listdir(tmp)) if is_writer else None]
+    if dist.is_initialized():
+        dist.broadcast_object_list(names, src=0)
+    digests = integrity.digest_files(tmp, names[0])
+    if is_writer:
         _describe(tmp, cfg, vocab_file, {"iteration": step, "layout": layout.__dict__,
                                          "consumed_samples": step * cfg.model.global_batch_size,
                                          **(extra_meta or {})})
+        described = sorted(set(os.listdir(tmp)) - set(digests))
+        digests.update(integrity.digest_files(tmp, described, collective=False))
+        integrity.write_manifest(tmp, digests)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -222,12 +242,81 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, voc
     return final
 
 
+_VERIFIED: set[tuple[str, int]] = set()
+
+
+def verify(path: Path) -> None:
+    """:func:`integrity.verify_checkpoint` once per checkpoint (and manifest version) in this process:
+    automatic resume verifies before choosing, the load that follows need not hash again."""
+    manifest = Path(path) / integrity.MANIFEST
+    key = (str(Path(path).resolve()), manifest.stat().st_mtime_ns if manifest.is_file() else 0)
+    if key not in _VERIFIED:
+        integrity.verify_checkpoint(Path(path))
+        _VERIFIED.add(key)
+
+
+def load_sharded(path: Path, sharded_state_dict: dict) -> dict:
+    """``dist_checkpointing.load`` of a verified checkpoint directory with the pickle allow-lists on; any
+    failure (torch's ``CheckpointException`` is a BaseException) becomes one-line :class:`CheckpointError`."""
+    from megatron.core import dist_checkpointing
+
+    verify(path)
+    try:
+        with integrity.restricted_loading(), _quiet_sharded_tensor():
+            return dist_checkpointing.load(sharded_state_dict, str(path))
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # torch/megatron raise many types for unreadable or mismatched shards
+        raise CheckpointError(f"checkpoint {path}: cannot load it ({_failure(exc)})") from exc
+
+
+def _failure(exc: BaseException) -> str:
+    """One line for an exception; torch's CheckpointException wraps one failure per rank (with tracebacks)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        exc = first[0] if isinstance(first, tuple) else first  # torch keeps (exception, traceback summary)
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}{'...' if len(text) > 400 else ''}"
+
+
+def find_resume_checkpoint(root: Path) -> Path | None:
+    """The checkpoint automatic resume continues from: the one ``root/latest`` names, or, when that one is
+    damaged, the newest earlier ``iter_*`` that verifies (each damaged one is reported as a warning).
+    None when there is nothing to resume; :class:`CheckpointError` when no checkpoint is intact.
+    Collective: every rank calls it (verification is shared), so all ranks pick the same directory."""
+    root = Path(root)
+    if not (root / "latest").exists():
+        return None
+    newest, problems = None, []
+    try:
+        newest = latest_checkpoint(root)
+    except CheckpointError as exc:
+        log.warning("%s; looking for an earlier intact checkpoint", exc)
+        problems.append(str(exc))
+    steps = sorted((int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit() and p.is_dir()),
+                   reverse=True)
+    candidates = ([newest] if newest else []) + [
+        iteration_dir(root, s) for s in steps if newest is None or s < int(newest.name[5:])]
+    for path in candidates:
+        try:
+            read_metadata(path)
+            verify(path)
+        except CheckpointError as exc:
+            log.warning("not resuming from %s: %s", path.name, exc)
+            problems.append(str(exc))
+            continue
+        if problems:
+            log.warning("resuming from %s, the newest intact checkpoint", path)
+        return path
+    raise CheckpointError(f"{root}: no intact checkpoint to resume from ({problems[0] if problems else 'none'}); "
+                          "move the directory away to start afresh")
+
+
 def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: Layout | None = None,
                     model_only: bool = False) -> int:
     """Load a checkpoint into this layout; returns its iteration. Optimizer, scheduler and RNG come back
     when asked and possible (RNG only at the same TP/PP layout; optimizer only with the same optimizer kind)."""
-    from megatron.core import dist_checkpointing
-
     meta = read_metadata(path)
     path = Path(meta["path"])
     saved = meta.get("layout", {})
@@ -242,11 +331,8 @@ def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: L
                 and saved.get("pp") == layout.pp)
     if with_opt:
         _prime_adam_state(optimizer)
-    try:
-        state = dist_checkpointing.load(
-            _sharded_state(model, optimizer, scheduler, int(meta["iteration"]), True, with_opt, with_rng), str(path))
-    except Exception as exc:  # torch/megatron raise many types for unreadable or mismatched shards
-        raise CheckpointError(f"{path}: cannot load checkpoint ({type(exc).__name__}: {exc})") from exc
+    state = load_sharded(path, _sharded_state(model, optimizer, scheduler, int(meta["iteration"]), True, with_opt,
+                                              with_rng))
     model.load_state_dict(state["model"], strict=True)
     if with_opt:
         optimizer.load_state_dict(state["optimizer"])

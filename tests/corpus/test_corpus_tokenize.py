@@ -19,6 +19,9 @@ from bio_megatron.utils.errors import DataError
 from bio_megatron.vocab.train import train_vocab
 
 VOCABS = Path(__file__).resolve().parents[2] / "bio_megatron" / "resources" / "vocab"
+# IndexedDataset is read here in the pytest process, outside any process group: megatron-core's rank-0-only
+# logging then warns that it cannot tell the rank. That is this test's doing, not the library's.
+pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
 
 
 @pytest.fixture(scope="module")

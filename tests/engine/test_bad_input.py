@@ -65,7 +65,7 @@ def test_unreadable_checkpoint(tmp_path, pubmed_prefix):
     (broken / "bio_megatron.json").write_text('{"iteration": 2, "layout": {"tp": 1, "pp": 1}}')
     (broken / "garbage.distcp").write_bytes(b"\x00not a checkpoint")
     rc, msg = _pretrain(overrides(pubmed_prefix, tmp_path, "x", extra=(f"exp_manager.resume_from_checkpoint={broken}",)))
-    assert rc != 0 and str(broken) in msg and "cannot load checkpoint" in msg
+    assert rc != 0 and str(broken) in msg and ".metadata is missing" in msg  # found before loading
     rc, msg = _pretrain(overrides(pubmed_prefix, tmp_path, "y",
                                   extra=(f"exp_manager.resume_from_checkpoint={tmp_path / 'nowhere'}",)))
     assert rc != 0 and "not a BioMegatron checkpoint" in msg
