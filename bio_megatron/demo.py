@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from bio_megatron.utils.errors import BioMegatronError
+from bio_megatron.utils.errors import BioMegatronError, OutputError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -59,6 +59,9 @@ def demo(out: Path, steps: int, nproc: int) -> int:
                  f"model.tokenizer.vocab_file={VOCAB}"]
     run_dir = out / "tiny_tp2"
     if run_dir.exists():  # a demo always trains from scratch (the corpus above is reused)
+        if not any((run_dir / name).exists() for name in ("metrics.jsonl", "status.json", "checkpoints")):
+            raise OutputError(f"{run_dir}: exists and is not an earlier demo run (no metrics.jsonl, status.json "
+                              "or checkpoints); move it or choose another --out")
         shutil.rmtree(run_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "bio_megatron", "pretrain", "--config", str(recipe), *overrides]

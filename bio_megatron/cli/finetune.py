@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        ("re", "relation extraction, ChemProt (micro-F1 over CPR:3/4/5/6/9)"),
                        ("qa", "extractive QA: SQuAD v1.1/v2.0, BioASQ factoid")):
         t = tasks.add_parser(task, help=what)
+        t.epilog = ("exit codes: 0 finished (results.json written); 2 bad configuration or input, or the experiment "
+                    "directory is in use by another run; 3 stopped because the loss or gradients stayed NaN/Inf "
+                    "(no results.json)")
         t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name)")
         t.add_argument("overrides", nargs="*", help="key=value, e.g. model.restore_from_path=runs/x/checkpoints")
         t.add_argument("--seeds", help="comma-separated seeds: one run each, then mean/median/spread")

@@ -10,6 +10,10 @@ from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
+EXIT_CODES = ("exit codes: 0 finished, or interrupted by SIGTERM/SIGUSR1 after saving (status.json says which); "
+              "2 bad configuration or input, or the run directory is in use by another run; 3 stopped because the "
+              "loss or gradients stayed NaN/Inf for trainer.max_nonfinite_steps steps in a row (status.json "
+              '"failed"; checkpoints/latest is the last finite checkpoint)')
 
 
 def find_recipe(path: str) -> Path:
@@ -25,7 +29,8 @@ def find_recipe(path: str) -> Path:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain", help="pretrain Megatron BERT (single process, torchrun or srun)",
-                       description="Pretrain Megatron BERT from a NeMo-style recipe with key=value overrides.")
+                       description="Pretrain Megatron BERT from a NeMo-style recipe with key=value overrides.",
+                       epilog=EXIT_CODES)
     p.add_argument("--config", required=True, help="recipe YAML, e.g. nemo_configs/pretrain/biomegatron_345m.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
     p.add_argument("--dry-run", action="store_true",

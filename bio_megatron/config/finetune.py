@@ -8,11 +8,12 @@ the encoder width: ``null``). ``grid`` lists values that ``--grid`` sweeps and s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bio_megatron.config.loader import build_config, deep_merge, load_yaml_recipe, parse_overrides
+from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.pretrain import ExpManagerConfig, ModelConfig, SchedConfig, OptimConfig, TrainerConfig
 from bio_megatron.config.pretrain import encoder_problems
 from bio_megatron.utils.errors import ConfigError
@@ -25,8 +26,16 @@ class FinetuneTrainerConfig(TrainerConfig):
     max_epochs: int = 30
     max_steps: int = -1
     """-1: max_epochs x steps per epoch."""
-    val_check_interval: int = 0
-    """Evaluate on dev every N optimizer steps; 0 = at the end of every epoch."""
+    val_check_interval: int | float = 0
+    """Evaluate on dev every N optimizer steps (an int; 0 = at the end of every epoch), or, as a float in
+    (0, 1] (NeMo/Lightning), every that fraction of an epoch: 1.0 = every epoch, 0.25 = four times."""
+
+    def val_every(self, steps_per_epoch: int) -> int:
+        """Optimizer steps between dev evaluations (Lightning: int(batches per epoch x fraction), at least 1)."""
+        v = self.val_check_interval
+        if isinstance(v, float):
+            return max(1, int(steps_per_epoch * v))
+        return v or steps_per_epoch
     precision: Literal["32", "16", "bf16", "16-mixed", "bf16-mixed"] | int = 32
 
 
@@ -190,6 +199,15 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     problems = encoder_problems(m, cfg.trainer, world_size)
     if cfg.trainer.max_steps < 1 and cfg.trainer.max_steps != -1:
         problems.append(f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1 (or -1: from max_epochs)")
+    vci = cfg.trainer.val_check_interval
+    if isinstance(vci, float) and not 0.0 < vci <= 1.0:  # (NaN fails this too)
+        problems.append(f"trainer.val_check_interval ({vci}) as a fraction of an epoch must be in (0, 1]; "
+                        "an int counts steps")
+    elif not isinstance(vci, float) and vci < 0:
+        problems.append(f"trainer.val_check_interval ({vci}) must be >= 0 (0: at the end of every epoch)")
+    for key in ("max_train_examples", "max_eval_examples"):
+        if getattr(d, key) is not None and getattr(d, key) < 1:
+            problems.append(f"model.dataset.{key} ({getattr(d, key)}) must be >= 1 or null")
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")
@@ -206,9 +224,11 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if layers < 1:
         problems.append(f"{key} ({layers}) must be >= 1 (it counts the output layer)")
     dropout = head.fc_dropout if head is not None else m.classifier_head.fc_dropout
-    if not 0.0 <= dropout < 1.0:
+    if not 0.0 <= dropout < 1.0:  # (NaN fails this too)
         problems.append(f"head fc_dropout ({dropout}) must be in [0, 1)")
     if cfg.task == "qa":
+        if not math.isfinite(d.null_score_diff_threshold):
+            problems.append(f"model.dataset.null_score_diff_threshold ({d.null_score_diff_threshold}) must be finite")
         if d.doc_stride < 1 or d.max_query_length < 1 or d.max_answer_length < 1 or d.n_best_size < 1:
             problems.append(f"model.dataset.doc_stride ({d.doc_stride}), max_query_length ({d.max_query_length}), "
                             f"max_answer_length ({d.max_answer_length}) and n_best_size ({d.n_best_size}) must be >= 1")
@@ -224,8 +244,7 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     """Recipe + ``key=value`` overrides -> validated task config (every problem reported at once)."""
     if task not in CONFIG_CLASSES:
         raise ConfigError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
-    raw = load_yaml_recipe(path) if path else {}
-    raw = deep_merge(raw, parse_overrides(list(overrides)))
+    raw = load_document(path, list(overrides), task, world_size)
     if raw.get("task", task) != task:
         raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
 

@@ -1,8 +1,11 @@
-"""Typed configs from NeMo-style YAML recipes with ``key=value`` overrides.
+"""Typed configs from YAML documents loaded with OmegaConf (as NeMo's are), with ``key=value`` overrides.
 
-A recipe is a thin YAML delta on a base (``defaults: [_base]`` names sibling files merged first).
-Dataclasses mirror the YAML; unknown keys and wrong types are collected and reported together,
-quoting the key path and the value.
+A recipe is a thin delta on a base (``defaults: [_base]`` names sibling files merged first, our convention).
+Precedence, lowest first: the ``defaults`` chain in order, the file itself, then the command line in order.
+Interpolation (``${...}``, NeMo's ``${multiply:...}``) is resolved after the command line is merged, so a
+reference sees the overridden value, as under Hydra. NeMo's own key names are then mapped to ours
+(``nemo_compat``). Dataclasses mirror the result; unknown keys and wrong types are collected and reported
+together, quoting the key path and the value.
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
+from bio_megatron.config import nemo_compat
 from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.log import get_logger
 
 T = TypeVar("T")
+log = get_logger(__name__)
 
 
 def deep_merge(base: dict, delta: dict) -> dict:
@@ -30,53 +38,127 @@ def deep_merge(base: dict, delta: dict) -> dict:
     return out
 
 
-def load_yaml_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
-    """Read a recipe and the bases it names under ``defaults``, merged base-first."""
+def _load_file(path: Path) -> DictConfig:
+    try:
+        cfg = OmegaConf.load(path)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got a list")
+    return cfg
+
+
+def load_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> DictConfig:
+    """A document and the bases it names under ``defaults``, merged base-first (unresolved)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     if path.resolve() in _seen:
         raise ConfigError(f"{path}: circular 'defaults' chain")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    merged: dict = {}
-    for base in raw.pop("defaults", None) or []:
+    raw = _load_file(path)
+    bases = raw.pop("defaults", None) or []
+    if isinstance(bases, str) or not all(isinstance(b, str) for b in bases):
+        raise ConfigError(f"{path}: 'defaults' must be a list of sibling file names, got {OmegaConf.to_object(bases)!r}"
+                          if not isinstance(bases, str) else f"{path}: 'defaults' must be a list, e.g. [_base]")
+    merged = OmegaConf.create({})
+    for base in bases:
         base_path = path.parent / (base if str(base).endswith(".yaml") else f"{base}.yaml")
-        merged = deep_merge(merged, load_yaml_recipe(base_path, _seen + (path.resolve(),)))
-    return deep_merge(merged, raw)
+        merged = OmegaConf.merge(merged, load_recipe(base_path, _seen + (path.resolve(),)))
+    return OmegaConf.merge(merged, raw)
+
+
+def load_yaml_recipe(path: str | Path) -> dict:
+    """A recipe with its ``defaults`` merged and interpolation resolved, as a plain dict."""
+    return _resolve(load_recipe(path), str(path))
+
+
+def _split_override(item: str) -> tuple[str, str, str]:
+    """``[+|++|~]key=value`` -> (prefix, key, value). Hydra's prefixes: ``+`` add, ``++`` add or replace,
+    ``~`` delete; merging here never refuses a new or existing key, so ``+``/``++`` behave alike."""
+    key, sep, value = item.partition("=")
+    prefix = "~" if key.startswith("~") else "+" if key.startswith("+") else ""
+    key = key.lstrip("~+").strip()
+    if prefix != "~" and not sep:
+        raise ValueError
+    if not key or any(not part for part in key.split(".")):
+        raise ValueError
+    return prefix, key, value
 
 
 def parse_overrides(overrides: list[str]) -> dict:
-    """``a.b.c=value`` (value parsed as YAML: numbers, booleans, lists ``[1.0,/path]``, null) into a nested dict."""
-    out: dict = {}
-    problems = []
+    """``a.b.c=value`` into a nested dict; the value is parsed as OmegaConf parses a dotlist value (YAML:
+    numbers, booleans, ``null``, lists ``[1.0,/path]``, ``${...}`` kept for later resolution)."""
+    cfg, _, _ = _override_config(overrides)
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _override_config(overrides: list[str]) -> tuple[DictConfig, set[str], list[str]]:
+    """The command line as one OmegaConf document, the keys it sets, and the keys it deletes (``~key``)."""
+    problems, keys, deletes = [], set(), []
+    cfg = OmegaConf.create({})
     for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip().lstrip("+")
-        if not sep or not key:
+        try:
+            prefix, key, value = _split_override(item)
+        except ValueError:
             problems.append(f"override {item!r} is not of the form key=value")
             continue
-        try:
-            parsed = yaml.safe_load(value) if value != "" else ""
-        except yaml.YAMLError:
-            parsed = value
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                problems.append(f"override {item!r} conflicts with an earlier override of {part!r}")
+        if prefix == "~":
+            deletes.append(key)
+            continue
+        for other in keys:  # a.b=1 then a.b.c=2 (or the reverse) cannot both hold
+            if other.startswith(key + ".") or key.startswith(other + "."):
+                problems.append(f"override {item!r} conflicts with an earlier override of {other!r}")
                 break
         else:
-            node[parts[-1]] = parsed
+            try:
+                cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"{key}={value}"]))
+            except (OmegaConfBaseException, yaml.YAMLError) as exc:
+                problems.append(f"override {item!r}: {str(exc).splitlines()[0]}")
+                continue
+            keys.add(key)
     if problems:
         raise ConfigError(problems, "command line")
+    return cfg, keys, deletes
+
+
+def _resolve(cfg: DictConfig, source: str) -> dict:
+    """Resolve ``${...}``; ``???`` (mandatory) stays as the string for ``nemo_compat`` to report by key."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None)
+        msg = str(exc).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}" if key else msg, source) from None
+
+
+def load_document(path: str | Path | None, overrides: list[str], task: str,
+                  world_size: int | None = None) -> dict:
+    """File (with ``defaults``) + command line -> resolved dict in our key names. NeMo keys that have no
+    effect here are logged once, in one warning, each with its reason; bad NeMo values raise ConfigError."""
+    source = str(path) if path else "command line"
+    cfg = load_recipe(path) if path else OmegaConf.create({})
+    cli, cli_keys, deletes = _override_config(list(overrides))
+    cfg = OmegaConf.merge(cfg, cli)
+    for key in deletes:
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        if not isinstance(node, DictConfig) or leaf not in node:
+            raise ConfigError(f"override '~{key}': no such key to delete", "command line")
+        node.pop(leaf)
+    doc = _resolve(cfg, source)
+    out, problems, ignored = nemo_compat.translate(doc, task, cli_keys, world_size)
+    if problems:
+        raise ConfigError(problems, source)
+    if ignored:
+        by_reason: dict[str, list[str]] = {}
+        for key, reason in ignored.items():
+            by_reason.setdefault(reason, []).append(key)
+        lines = [f"  - {', '.join(keys)}: {reason}" for reason, keys in by_reason.items()]
+        log.warning("%s: %d NeMo key(s) have no effect here:\n%s", source, len(ignored), "\n".join(lines))
     return out
 
 
@@ -184,6 +266,12 @@ def build_config(cls: type[T], raw: dict, validate: Callable[[T], None], source:
 
 
 def _type_name(tp: Any) -> str:
+    """A type as the user reads it: a Literal lists its allowed values, a Union its arms."""
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

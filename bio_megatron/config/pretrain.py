@@ -6,11 +6,12 @@ Problems are collected and raised together (see ``validate``), quoting the offen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from bio_megatron.config.loader import build_config, deep_merge, load_yaml_recipe, parse_overrides
+from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.sizes import SIZES, ModelShape
 from bio_megatron.utils.errors import ConfigError
 
@@ -30,6 +31,9 @@ class TrainerConfig:
     """Global batches per validation."""
     gradient_clip_val: float = 1.0
     seed: int = 1234
+    max_nonfinite_steps: int = 3
+    """Stop the run (exit code 3, status.json "failed") after this many steps in a row whose loss or gradients
+    were NaN/Inf; each such step is skipped (no update), as Megatron-LM skips an overflowed iteration."""
     accelerator: Literal["auto", "gpu", "cpu"] = "auto"
 
 
@@ -77,12 +81,18 @@ class DataConfig:
 
 @dataclass
 class SchedConfig:
-    name: Literal["CosineAnnealing", "cosine", "linear", "constant"] = "CosineAnnealing"
+    name: Literal["CosineAnnealing", "WarmupAnnealing", "SquareRootAnnealing", "cosine", "linear",
+                  "constant"] = "CosineAnnealing"
+    """NeMo's names: CosineAnnealing (= cosine), WarmupAnnealing (= linear decay to min_lr at max_steps),
+    SquareRootAnnealing (after warmup lr * sqrt((max_steps - step) / max_steps), at least min_lr)."""
     warmup_steps: int | None = None
     warmup_ratio: float | None = None
     min_lr: float = 0.0
     decay_steps: int | None = None
-    """Steps over which the LR decays after warmup ends (default: max_steps)."""
+    """The step at which the decay reaches min_lr, counted from step 0 like Megatron's lr_decay_steps
+    (default: max_steps)."""
+    constant_steps: int | None = None
+    """NeMo's CosineAnnealing: hold min_lr for the last N steps (the decay ends at max_steps - N)."""
 
 
 @dataclass
@@ -116,6 +126,10 @@ class ModelConfig:
     init_method_std: float = 0.02
     make_vocab_size_divisible_by: int = 128
     num_tokentypes: int = 2
+    transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
+    """NeMo's key. pre_ln: Megatron BERT (LayerNorm before each sub-layer, final LayerNorm); post_ln: the
+    original BERT order (BioBERT, PubMedBERT: LayerNorm after each residual add, embedding LayerNorm, no
+    final LayerNorm). post_ln runs on megatron-core's local spec (Transformer Engine fuses pre-LN only)."""
     transformer_impl: Literal["auto", "local", "transformer_engine"] = "auto"
     """auto: Transformer Engine when importable on GPU, else megatron-core's local spec."""
     attention_backend: Literal["auto", "sdpa", "unfused"] = "auto"
@@ -152,7 +166,10 @@ class PretrainConfig:
 
 def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
     """Every problem with the config at once, each quoting its values. ``world_size`` adds layout checks."""
-    problems = [f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1"] if cfg.trainer.max_steps < 1 else []
+    t, every = cfg.trainer, cfg.exp_manager.checkpoint_callback_params.every_n_train_steps
+    problems = [f"{k} ({v}) must be >= {lo}" for k, v, lo in (
+        ("trainer.max_steps", t.max_steps, 1), ("trainer.val_check_interval", t.val_check_interval, 1),
+        ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
     problems += encoder_problems(cfg.model, cfg.trainer, world_size)
     if problems:
         raise ConfigError(problems)
@@ -169,7 +186,8 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
         ("model.micro_batch_size", m.micro_batch_size), ("model.global_batch_size", m.global_batch_size),
         ("trainer.log_every_n_steps", t.log_every_n_steps), ("model.encoder_seq_length", m.encoder_seq_length))
         if v < 1]
-    if problems:  # the divisibility checks below would divide by zero
+    problems += value_problems(m, t)
+    if problems:  # the divisibility checks below would divide by zero or mislead
         return problems
     if s.num_layers % pp:
         problems.append(f"num_layers ({s.num_layers}) must be divisible by pipeline_model_parallel_size ({pp})")
@@ -192,8 +210,19 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if m.optim.sched.warmup_steps is not None and m.optim.sched.warmup_ratio is not None:
         problems.append("set only one of model.optim.sched.warmup_steps "
                         f"({m.optim.sched.warmup_steps}) and warmup_ratio ({m.optim.sched.warmup_ratio})")
+    sc = m.optim.sched
+    if sc.constant_steps is not None:
+        if sc.name not in ("CosineAnnealing", "cosine"):
+            problems.append(f"model.optim.sched.constant_steps ({sc.constant_steps}) applies to CosineAnnealing only, "
+                            f"not {sc.name}")
+        if sc.decay_steps is not None:
+            problems.append(f"set only one of model.optim.sched.constant_steps ({sc.constant_steps}) and decay_steps "
+                            f"({sc.decay_steps})")
     if len(m.optim.betas) != 2:
         problems.append(f"model.optim.betas ({m.optim.betas}) must be two numbers")
+    if m.transformer_block_type == "post_ln" and m.transformer_impl == "transformer_engine":
+        problems.append("model.transformer_block_type (post_ln) needs model.transformer_impl local or auto, not "
+                        "transformer_engine (its BERT spec fuses each LayerNorm into the next linear: pre-LN only)")
     dp_prefix = [m.data.data_prefix] if isinstance(m.data.data_prefix, str) else m.data.data_prefix
     if len(dp_prefix) > 1 and len(dp_prefix) % 2:
         problems.append(f"model.data.data_prefix ({dp_prefix}) must be [weight, path, weight, path, ...] "
@@ -213,11 +242,53 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     return problems
 
 
+def _outside(value: float, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = True) -> bool:
+    """True unless ``value`` is a finite number in the interval (written so that NaN is always outside)."""
+    above = value > lo if lo_open else value >= lo
+    below = value < hi if hi_open else value <= hi
+    return not (above and below and math.isfinite(value))
+
+
+def value_problems(m: ModelConfig, t: TrainerConfig) -> list[str]:
+    """Sizes, rates and probabilities that parse as numbers but cannot work (negative, zero, NaN, Inf)."""
+    o, sc = m.optim, m.optim.sched
+    sizes = [("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
+             ("model.ffn_hidden_size", m.ffn_hidden_size), ("model.num_attention_heads", m.num_attention_heads),
+             ("model.max_position_embeddings", m.max_position_embeddings),
+             ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
+             ("model.data.max_ngram", m.data.max_ngram), ("model.optim.sched.decay_steps", sc.decay_steps),
+             ("trainer.max_nonfinite_steps", t.max_nonfinite_steps)]
+    problems = [f"{k} ({v}) must be >= 1" for k, v in sizes if v is not None and v < 1]
+    problems += [f"{k} ({v}) must be >= 0" for k, v in (
+        ("model.num_tokentypes", m.num_tokentypes), ("model.optim.sched.warmup_steps", sc.warmup_steps),
+        ("model.optim.sched.constant_steps", sc.constant_steps),
+        ("trainer.limit_val_batches", t.limit_val_batches)) if v is not None and v < 0]
+    # (key, value, low, high, low excluded, high excluded, what is expected)
+    ranges = [("model.optim.lr", o.lr, 0.0, math.inf, True, True, "a finite number > 0"),
+              ("model.optim.weight_decay", o.weight_decay, 0.0, math.inf, False, True, "a finite number >= 0"),
+              ("model.optim.eps", o.eps, 0.0, math.inf, True, True, "a finite number > 0"),
+              ("model.optim.sched.min_lr", sc.min_lr, 0.0, math.inf, False, True, "a finite number >= 0"),
+              ("model.optim.sched.warmup_ratio", sc.warmup_ratio, 0.0, 1.0, False, True, "in [0, 1)"),
+              ("model.hidden_dropout", m.hidden_dropout, 0.0, 1.0, False, True, "in [0, 1)"),
+              ("model.attention_dropout", m.attention_dropout, 0.0, 1.0, False, True, "in [0, 1)"),
+              ("model.layernorm_epsilon", m.layernorm_epsilon, 0.0, math.inf, True, True, "a finite number > 0"),
+              ("model.init_method_std", m.init_method_std, 0.0, math.inf, True, True, "a finite number > 0"),
+              ("model.data.short_seq_prob", m.data.short_seq_prob, 0.0, 1.0, False, False, "in [0, 1]"),
+              ("trainer.gradient_clip_val", t.gradient_clip_val, 0.0, math.inf, False, True,
+               "a finite number >= 0 (0 = no clipping)")]
+    ranges += [(f"model.optim.betas[{i}]", b, 0.0, 1.0, False, True, "in [0, 1)")
+               for i, b in enumerate(o.betas) if isinstance(b, (int, float))]
+    problems += [f"{k} ({v}) must be {what}" for k, v, lo, hi, lo_open, hi_open, what in ranges
+                 if v is not None and _outside(v, lo, hi, lo_open, hi_open)]
+    if not problems and sc.min_lr > o.lr:
+        problems.append(f"model.optim.sched.min_lr ({sc.min_lr}) must not exceed model.optim.lr ({o.lr})")
+    return problems
+
+
 def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), world_size: int | None = None
                          ) -> PretrainConfig:
     """Recipe + overrides -> validated ``PretrainConfig`` (raises ConfigError listing every problem)."""
-    raw = load_yaml_recipe(path) if path else {}
-    raw = deep_merge(raw, parse_overrides(list(overrides)))
+    raw = load_document(path, list(overrides), "pretrain", world_size)
     return build_config(PretrainConfig, raw, lambda cfg: validate(cfg, world_size), str(path) if path else None)
 
 

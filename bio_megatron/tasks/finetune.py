@@ -28,10 +28,12 @@ from bio_megatron.tasks.heads import build_head
 from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_model, load_into, resolve_source,
                                       task_padded_vocab)
 from bio_megatron.training import checkpoint as ckpt
-from bio_megatron.training.loop import LoopState, run_batches, train
+from bio_megatron.training.guards import run_dir_lock
+from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
+from bio_megatron.training.metrics import TensorBoardLog
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler
 from bio_megatron.training.signals import StopRequest
-from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
@@ -105,14 +107,19 @@ class Batches:
 
 
 @torch.no_grad()
-def predict_split(state: LoopState, batches: Batches, split, n: int) -> list:
-    """Per-example outputs of ``split`` in order, gathered from the last stage's TP-rank-0 processes."""
+def predict_split(state: LoopState, batches: Batches, split, n: int, losses: list | None = None) -> list:
+    """Per-example outputs of ``split`` in order, gathered from the last stage's TP-rank-0 processes.
+    ``losses`` (collective): gets the mean task loss over the split's micro-batches appended (NeMo's val_loss;
+    the padding rows of the last group repeat example 0)."""
     state.model.eval()
-    mine = []
+    mine, records = [], []
     for mbs in batches.eval_groups(split, n):
         for rec in run_batches(state, mbs, forward_only=True):
             mine.extend(rec["outputs"])
+            records.append(rec)
     state.model.train()
+    if losses is not None:
+        losses.append(reduce_losses(records))
     keep = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mine if keep else [])
@@ -135,12 +142,30 @@ def adopt_head_structure(m, src: Source) -> None:
         m.fc_hidden_size = saved["fc_hidden_size"]
 
 
+def require_examples(cfg: FinetuneConfig, task) -> None:
+    """Zero usable examples in a split is an error naming its file: training on nothing, or choosing a "best"
+    model on an empty dev set, would report success on no evidence. (Reads dev and test now, before any
+    process group exists, so a bad file fails fast on every rank alike.)"""
+    d = cfg.model.dataset
+    fmt = "SQuAD-style JSON" if cfg.task == "qa" else f"{d.format} {'NER' if cfg.task == 'ner' else 'relation'}"
+    for name, file in (("train", d.train_file), ("dev", d.dev_file), ("test", d.test_file)):
+        split = task.train if name == "train" else task.split(name)
+        if split is not None and not split.features:
+            raise DataError(f"no usable {name} examples (the file is empty or has none in the expected {fmt} "
+                            "format); fine-tuning needs at least one", str(Path(d.data_dir) / file))
+
+
 def setup(cfg: FinetuneConfig):
     """Source inspection, tokenizer and all task data (validated first), then distributed init, model, DDP."""
     m, t = cfg.model, cfg.trainer
     src: Source | None = resolve_source(m.restore_from_path) if m.restore_from_path else None
     if src is not None:
         apply_source_shape(m, src)
+        if m.dataset.max_seq_length > m.max_position_embeddings:  # the recipe's length vs the checkpoint's
+            raise ConfigError(f"model.dataset.max_seq_length ({m.dataset.max_seq_length}) exceeds "
+                              f"max_position_embeddings ({m.max_position_embeddings}) of the checkpoint restored "
+                              f"from {src.path} (model.restore_from_path); override it, e.g. "
+                              f"model.dataset.max_seq_length={m.max_position_embeddings}")
     validate(cfg, resolve_world().world_size)
     # Data problems surface before any process group exists: a bad file fails fast, on every rank alike.
     vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
@@ -149,7 +174,7 @@ def setup(cfg: FinetuneConfig):
     if same_task:
         adopt_head_structure(m, src)
     task = make_task(cfg, tokenizer, src.labels if same_task else None)
-    task.split("dev"), task.split("test")
+    require_examples(cfg, task)
     world = init_distributed()
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
@@ -168,18 +193,26 @@ def setup(cfg: FinetuneConfig):
 
 def run_finetuning(cfg: FinetuneConfig) -> dict:
     """Fine-tune in this process (one rank of the world). Returns ``{"dev": best dev scores, "test": scores of
-    the best checkpoint on test (if a test file is set), "best_step", "checkpoint", "history"}``."""
-    world, tokenizer, task, model, ddp, dtype, padded = setup(cfg)
+    the best checkpoint on test (if a test file is set), "best_step", "checkpoint", "history"}``. Raises
+    ``LockError`` (exit 2) when another run holds the experiment directory, ``NonFiniteError`` (exit 3)
+    when the loss or gradients stay NaN/Inf (then no ``results.json`` is written)."""
+    built = setup(cfg)
+    with run_dir_lock(cfg.run_dir, f"experiment directory {cfg.run_dir}"):
+        return _finetune(cfg, *built)
+
+
+def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, padded) -> dict:
     m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
     batches = Batches(task, cfg)
     max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * batches.steps_per_epoch
-    every = t.val_check_interval or batches.steps_per_epoch
+    every = t.val_every(batches.steps_per_epoch)
     optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
     scheduler = build_scheduler(optimizer, m.optim, max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
     run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
     is_writer = world.rank == 0
-    resume = ckpt.latest_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
+    tb = TensorBoardLog(run_dir / "tensorboard", is_writer and e.create_tensorboard_logger, m.global_batch_size)
+    resume = ckpt.find_resume_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
     if is_writer and resume is None:
         shutil.rmtree(ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
     dist.barrier()
@@ -189,7 +222,8 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     state = LoopState(model=ddp, optimizer=optimizer, scheduler=scheduler,
                       forward_step=partial(forward_step, task=task, keep_outputs=False),
                       train_batches=batches.train, valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
-                      micro_batch_size=m.micro_batch_size, max_steps=max_steps)
+                      micro_batch_size=m.micro_batch_size, max_steps=max_steps,
+                      max_nonfinite_steps=t.max_nonfinite_steps)
     batches.state = state
     eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
@@ -204,11 +238,16 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
             "labels": getattr(task, "labels", None)}
 
     def evaluate_dev(step: int) -> None:
+        if not state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)
+            log.warning("step %d: dev evaluation skipped, the model is at a non-finite point", step)
+            return
         batches.state = eval_state
-        scores = task.score(dev, predict_split(eval_state, batches, dev, len(dev.features)))
+        dev_loss: list[float] = []
+        scores = task.score(dev, predict_split(eval_state, batches, dev, len(dev.features), dev_loss))
         batches.state = state
         value = float(scores[task.metric])
         history.append({"step": step, "dev_" + task.metric: value})
+        tb.scalars(step, {"val_loss": dev_loss[0], "val_" + task.metric: value})
         log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
         if value > best["metric"]:
             old = best["path"]
@@ -222,11 +261,14 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
             dist.barrier()
             best.update(metric=value, step=step, dev=scores, path=path)
 
-    def on_step(s: int, loss: float, lr: float, gnorm: float | None) -> None:
-        history.append({"step": s, "loss": loss, "lr": lr})
-        if s % t.log_every_n_steps == 0 or s == 1 or s == max_steps:
-            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s", s, max_steps, loss, lr,
-                     f"{gnorm:.3f}" if gnorm is not None else "-")
+    def on_step(s: int, r: StepResult) -> None:
+        tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
+        history.append({"step": s, "loss": r.loss if math.isfinite(r.loss) else None, "lr": r.lr,
+                        **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {})})
+        if s % t.log_every_n_steps == 0 or s == 1 or s == max_steps or r.skipped:
+            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s%s", s, max_steps, r.loss, r.lr,
+                     f"{r.grad_norm:.3f}" if r.grad_norm is not None else "-",
+                     f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else "")
 
     def save_for_resume(step: int) -> None:
         """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
@@ -249,12 +291,22 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
         status = train(state)
     finally:
         stop.restore()
+        tb.close()
+    if status == "diverged":
+        ckpt.shutdown_writer()
+        raise NonFiniteError(f"fine-tuning stopped at step {state.step}: loss or gradients non-finite (NaN/Inf) for "
+                             f"{state.nonfinite_streak} steps in a row (trainer.max_nonfinite_steps="
+                             f"{t.max_nonfinite_steps}); lower model.optim.lr; no results.json written for {run_dir}")
     result = {"task": cfg.task, "status": status, "best_step": best["step"], "dev": best["dev"],
               "checkpoint": str(best["path"]), "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
     if status == "interrupted":
         ckpt.shutdown_writer()
         log.info("interrupted at step %d; rerun with the same exp_manager.name to resume", state.step)
         return result
+    if best["path"] is None:
+        ckpt.shutdown_writer()
+        raise NonFiniteError(f"fine-tuning of {run_dir} never reached a finite model to evaluate on dev "
+                             f"({state.skipped_steps} of {state.step} steps skipped as non-finite); lower model.optim.lr")
     test = task.split("test")
     if test is not None:
         ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)

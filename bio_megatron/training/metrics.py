@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -47,6 +48,43 @@ def memory_gib() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**30
 
 
+# Our record keys -> the scalar names NeMo (PyTorch Lightning) logs, so that TensorBoard dashboards and
+# scripts written for NeMo runs read ours unchanged; keys not listed keep their own name.
+NEMO_TAGS = {"loss": "reduced_train_loss", "step_time_s": "train_step_timing", "lr": "lr", "val_loss": "val_loss",
+             "grad_norm": "grad_norm"}
+
+
+class TensorBoardLog:
+    """Scalars under NeMo's tag names in ``log_dir`` (rank 0 only: ``enabled`` False elsewhere)."""
+
+    def __init__(self, log_dir: Path, enabled: bool, samples_per_step: int | None = None):
+        self.samples_per_step = samples_per_step
+        self._tb = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(log_dir))
+
+    def scalars(self, step: int, values: dict, train: bool = False) -> None:
+        """``values`` by our names (NaN/Inf and non-numbers skipped); ``train`` adds NeMo's ``global_step``
+        and ``consumed_samples`` for this step."""
+        if self._tb is None:
+            return
+        if train:
+            values = {**values, "global_step": step}
+            if self.samples_per_step:
+                values["consumed_samples"] = step * self.samples_per_step
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                self._tb.add_scalar(NEMO_TAGS.get(k, k), v, step)
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
 def _fmt_eta(seconds: float) -> str:
     seconds = int(max(0, seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
@@ -56,21 +94,18 @@ class RunLogger:
     """The fixed one-line step log on rank 0, plus ``metrics.jsonl`` and TensorBoard in the run directory."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, tokens_per_step: int,
-                 flops_per_step: float, world_size: int, peak_tflops: float | None, max_steps: int):
+                 flops_per_step: float, world_size: int, peak_tflops: float | None, max_steps: int,
+                 samples_per_step: int | None = None):
         self.enabled = enabled
         self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
         self.world_size, self.peak, self.max_steps = world_size, peak_tflops, max_steps
         self._t_last = time.perf_counter()
         self._step_last: int | None = None
         self._jsonl = None
-        self._tb = None
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-            if tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self._tb = TensorBoardLog(run_dir / "tensorboard", enabled and tensorboard, samples_per_step)
 
     def start(self, step: int) -> None:
         self._t_last, self._step_last = time.perf_counter(), step
@@ -88,9 +123,13 @@ class RunLogger:
         if self.enabled:
             mfu = f"{100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
             gn = f"{grad_norm:.3f}" if grad_norm is not None else "n/a"
+            # Skipped updates are part of the fixed line, so a diverging run is visible at a glance.
+            skipped = (f" | NON-FINITE: update skipped ({extra.get('skipped_steps', 0)} skipped so far)"
+                       if extra.get("nonfinite") else
+                       f" | skipped {extra['skipped_steps']}" if extra.get("skipped_steps") else "")
             log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | %s tok/s | %.2f TFLOP/s | MFU %s | "
-                     "mem %.2f GiB | ETA %s", step, self.max_steps, loss, lr, gn, f"{tok_s:,.0f}", tflops, mfu,
-                     rec["memory_gib"], _fmt_eta(dt * (self.max_steps - step)))
+                     "mem %.2f GiB | ETA %s%s", step, self.max_steps, loss, lr, gn, f"{tok_s:,.0f}", tflops, mfu,
+                     rec["memory_gib"], _fmt_eta(dt * (self.max_steps - step)), skipped)
             self.write(rec)
         return rec
 
@@ -100,17 +139,15 @@ class RunLogger:
             self.write({"step": step, "val_loss": val_loss})
 
     def write(self, rec: dict) -> None:
+        # NaN/Inf are not JSON: a non-finite loss is written as null (the record's "nonfinite" flag says why).
+        rec = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
         if self._jsonl:
             self._jsonl.write(json.dumps(rec) + "\n")
             self._jsonl.flush()
-        if self._tb:
-            for k, v in rec.items():
-                if k != "step" and isinstance(v, (int, float)):
-                    self._tb.add_scalar(f"train/{k}" if not k.startswith("val") else f"validation/{k}", v, rec["step"])
-            self._tb.flush()
+        self._tb.scalars(rec["step"], {k: v for k, v in rec.items() if k not in ("step", "nonfinite")},
+                         train="loss" in rec)
 
     def close(self) -> None:
         if self._jsonl:
             self._jsonl.close()
-        if self._tb:
-            self._tb.close()
+        self._tb.close()

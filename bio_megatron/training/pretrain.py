@@ -17,11 +17,13 @@ from bio_megatron.models.bert import build_model, precision_dtype
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
-from bio_megatron.training.loop import LoopState, train
+from bio_megatron.training.guards import run_dir_lock
+from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler
 from bio_megatron.training.signals import StopRequest
-from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.errors import DataError, NonFiniteError
+from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -65,11 +67,32 @@ def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     return model, ddp
 
 
+def _diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError:
+    """Record the failure in ``status.json`` (rank 0) and build the error every rank raises."""
+    latest = ckpt_root / "latest"
+    kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none was saved"
+    reason = (f"loss or gradients non-finite (NaN/Inf) for {state.nonfinite_streak} steps in a row "
+              f"(trainer.max_nonfinite_steps={state.max_nonfinite_steps}); lower model.optim.lr or raise warmup")
+    if torch.distributed.get_rank() == 0:
+        write_json_atomic(run_dir / "status.json", {"state": "failed", "reason": reason, "step": state.step,
+                                                    "skipped_steps": state.skipped_steps})
+    return NonFiniteError(f"training stopped at step {state.step}: {reason}; the last finite checkpoint "
+                          f"({kept}) stays {latest}")
+
+
 def run_pretraining(cfg: PretrainConfig) -> str:
-    """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted"."""
+    """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted";
+    raises ``NonFiniteError`` (exit 3) when the loss or gradients stay NaN/Inf, ``LockError`` (exit 2) when
+    another run holds the run directory."""
     world = init_distributed()
-    m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
     validate(cfg, world.world_size)
+    # Locked before anything (stale-save removal, index cache, metrics) touches the run directory.
+    with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"):
+        return _pretrain(cfg, world)
+
+
+def _pretrain(cfg: PretrainConfig, world) -> str:
+    m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     tokenizer = load_tokenizer(cfg)
@@ -88,7 +111,7 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     step = 0
     ckpt.remove_stale_saves(ckpt_root)
     resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
-        ckpt.latest_checkpoint(ckpt_root) if e.resume_if_exists else None)
+        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout)
         log.info("resumed from %s at step %d", resume, step)
@@ -100,7 +123,7 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
                        m.global_batch_size * flops_per_sequence(shape, m.encoder_seq_length, padded),
-                       world.world_size, device_peak_tflops(dtype), t.max_steps)
+                       world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size)
     stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
 
@@ -108,15 +131,16 @@ def run_pretraining(cfg: PretrainConfig) -> str:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
                              {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded})
 
-    def on_step(s: int, loss: float, lr: float, gnorm: float | None) -> None:
-        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1:
-            runlog.log_step(s, loss, lr, gnorm)
+    def on_step(s: int, r: StepResult) -> None:
+        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
+            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite)
 
     state = LoopState(
         model=ddp, optimizer=optimizer, scheduler=scheduler,
         forward_step=partial(forward_step, binary_head=m.bert_binary_head),
         train_batches=data.train_microbatches, valid_batches=data.valid_microbatches,
         seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size, max_steps=t.max_steps, step=step,
+        max_nonfinite_steps=t.max_nonfinite_steps,
         hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
@@ -130,7 +154,9 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     try:
         status = train(state)
         if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
-            save(state.step)  # (a run resumed at max_steps has its final checkpoint already)
+            guarded_save(state, save, "final")  # (a run resumed at max_steps has its final checkpoint already)
+        if status == "diverged":
+            raise _diverged(run_dir, ckpt_root, state)
         ckpt.write_status(run_dir, status, state.step)
     finally:
         runlog.close()

@@ -33,6 +33,11 @@ class CheckpointError(BioMegatronError):
     """A checkpoint that cannot be read or does not match what was asked."""
 
 
+class OutputError(BioMegatronError):
+    """An output path that cannot be written without destroying something we did not write (or cannot be
+    written at all): the message names the path and what is expected."""
+
+
 class LockError(BioMegatronError):
     """An output (data prefix, run or experiment directory) is held by another live process."""
 

@@ -1,0 +1,409 @@
+"""NeMo 2.4's config keys, read as they are: renamed to ours, checked, or listed as having no effect here.
+
+A NeMo user brings ``megatron_bert_config.yaml``, ``token_classification_config.yaml``,
+``text_classification_config.yaml`` or ``qa_conf.yaml`` unmodified. ``translate`` rewrites the resolved
+document (a plain dict) into this project's key names. Every NeMo key ends in exactly one of three places:
+
+* mapped: renamed to our key with the same meaning (``model.seed`` -> ``trainer.seed``, ``train_ds`` ->
+  ``model.dataset.*``, ``token_classifier.*`` -> ``model.head.*``, the tokenizer and encoder names ...);
+* checked: the value must be the one behaviour this project has (``position_embedding_type:
+  learned_absolute``); any other value is an error that lists the allowed values;
+* no effect here: listed once, with the reason, in one warning (``exp_manager.create_wandb_logger``: no W&B).
+
+Keys that are neither NeMo's nor ours stay in the document, so the dataclass builder still reports typos.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from typing import Any
+
+from omegaconf import OmegaConf
+
+MISSING = "???"
+
+# NeMo registers this resolver (``${multiply:a,b}``, used by megatron_bert_config.yaml) at import time.
+if not OmegaConf.has_resolver("multiply"):
+    # omegaconf 2.4 renamed register_new_resolver (deprecated) to register_resolver.
+    (OmegaConf.register_resolver if hasattr(OmegaConf, "register_resolver") else
+     OmegaConf.register_new_resolver)("multiply", lambda x, y: x * y)
+
+_DATA_LOADING = "data-loader tuning; batches here are built in-process from model.micro_batch_size"
+_CKPT = ("checkpoints here are every exp_manager.checkpoint_callback_params.every_n_train_steps plus the last "
+         "(pretraining) and the best by dev (fine-tuning); `bio-megatron export nemo` writes .nemo archives")
+_GEN_QA = "used by NeMo's generative QA models only (S2SQAModel, GPTQAModel); this is BERTQAModel's head"
+_RECOMPUTE = "no activation recomputation here (it saves memory only; results are the same)"
+
+# (pattern, tasks or None for all, reason). fnmatch patterns over dotted paths.
+NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
+    ("trainer.logger", None, "logging is set up by exp_manager here too"),
+    ("trainer.enable_checkpointing", None, "checkpointing is set up by exp_manager here too"),
+    ("trainer.use_distributed_sampler", None, "data-parallel sampling is megatron-core's"),
+    ("trainer.benchmark", None, "cudnn.benchmark tunes convolutions; there are none"),
+    ("trainer.num_sanity_val_steps", None, "no sanity validation pass before training here"),
+    ("trainer.strategy", None, "the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
+                               "model.pipeline_model_parallel_size and the launch"),
+    ("trainer.limit_test_batches", ("pretrain",), "pretraining runs no test pass here"),
+    ("trainer.max_epochs", ("pretrain",), "pretraining is step-based: it stops at trainer.max_steps"),
+    ("exp_manager.create_wandb_logger", None, "no W&B in this project"),
+    ("exp_manager.wandb_logger_kwargs.*", None, "no W&B in this project"),
+    ("exp_manager.resume_ignore_no_checkpoint", None, "a run without a checkpoint to resume starts fresh here"),
+    ("exp_manager.create_checkpoint_callback", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.monitor", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.save_top_k", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.mode", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.always_save_nemo", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.filename", None, _CKPT),
+    ("exp_manager.checkpoint_callback_params.model_parallel_size", None, _CKPT),
+    ("model.mcore_bert", None, "the encoder is always megatron-core's BertModel here"),
+    ("model.add_pooler", None, "the pooler exists exactly when model.bert_binary_head is true (megatron-core)"),
+    ("model.apply_query_key_layer_scaling", None, "numerics only: the 1/layer scaling is undone in the fp32 softmax"),
+    ("model.pre_process", None, "set per pipeline stage by the engine"),
+    ("model.post_process", None, "set per pipeline stage by the engine"),
+    ("model.native_amp_init_scale", None, "fp16 loss scaling uses megatron-core's dynamic scaler defaults"),
+    ("model.native_amp_growth_interval", None, "fp16 loss scaling uses megatron-core's dynamic scaler defaults"),
+    ("model.megatron_amp_O2", None, "mixed precision here is always O2-style: bf16/fp16 weights with fp32 main "
+                                    "weights in megatron-core's optimizer (trainer.precision chooses the dtype)"),
+    ("model.grad_allreduce_chunk_size_mb", None, "gradient bucketing is megatron-core DDP's"),
+    ("model.grad_div_ar_fusion", None, "gradient bucketing is megatron-core DDP's"),
+    ("model.gradient_as_bucket_view", None, "gradient bucketing is megatron-core DDP's"),
+    ("model.use_cpu_initialization", None, "weights come from the engine's seeded init (the same at every layout)"),
+    ("model.onnx_safe", None, "no ONNX export here"),
+    ("model.activations_checkpoint_*", None, _RECOMPUTE),
+    ("model.num_micro_batches_with_partial_activation_checkpoints", None, _RECOMPUTE),
+    ("model.sequence_parallel", None, "sequence parallelism is not enabled here (it saves memory only)"),
+    ("model.data.skip_warmup", None, "mmap page warm-up: I/O only"),
+    ("model.data.num_workers", None, _DATA_LOADING),
+    ("model.data.reset_position_ids", None, "GPT option; NeMo's BERT dataset ignores it too"),
+    ("model.data.reset_attention_mask", None, "GPT option; NeMo's BERT dataset ignores it too"),
+    ("model.data.eod_mask_loss", None, "GPT option; NeMo's BERT dataset ignores it too"),
+    ("model.dataset.num_workers", None, _DATA_LOADING),
+    ("model.dataset.pin_memory", None, _DATA_LOADING),
+    ("model.dataset.drop_last", None, _DATA_LOADING),
+    ("model.dataset.use_cache", None, "tokenised features are not cached to disk here"),
+    ("model.dataset.do_lower_case", None, "lower-casing follows the tokenizer (model.tokenizer.do_lower_case), as "
+                                          "in NeMo with a pretrained tokenizer"),
+    ("model.dataset.num_classes", ("re",), "the classes are the labels found in the data files"),
+    ("model.dataset.check_if_answer_in_context", None, _GEN_QA),
+    ("model.*_ds.num_workers", None, _DATA_LOADING),
+    ("model.*_ds.pin_memory", None, _DATA_LOADING),
+    ("model.*_ds.drop_last", None, _DATA_LOADING),
+    ("model.validation_ds.batch_size", None, "evaluation batch size; results are the same"),
+    ("model.test_ds.batch_size", None, "evaluation batch size; results are the same"),
+    ("model.class_labels.class_labels_file", None, "the label map is always saved as label_ids.csv with the model"),
+    ("model.label_ids", None, "filled from the training labels"),
+    ("model.nemo_path", None, "`bio-megatron export nemo` writes .nemo archives"),
+    ("model.save_model", None, _CKPT),
+    ("model.infer_samples", None, "use `bio-megatron predict`"),
+    ("model.library", ("qa",), _GEN_QA),
+    ("model.tokens_to_generate", ("qa",), _GEN_QA),
+    ("model.token_classifier.num_classes", ("ner",), "the labels come from the training data"),
+    ("model.tokenizer.special_tokens", None, "BERT's [CLS] [SEP] [MASK] [PAD] [UNK] from the vocabulary"),
+    ("model.optim.sched.monitor", None, "used by ReduceLROnPlateau only; the schedule steps every optimizer step"),
+    ("model.optim.sched.max_steps", None, "computed from trainer.max_steps (or max_epochs), as NeMo does"),
+    ("hydra.*", None, "Hydra's own settings; this CLI does not run Hydra"),
+]
+
+# (path, allowed values, why only these). Anything else is an error that lists the allowed values.
+CHECKED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "model.position_embedding_type": (("learned_absolute",), "Megatron BERT's learned absolute positions"),
+    "model.normalization": (("layernorm",), "Megatron BERT's LayerNorm"),
+    "model.kv_channels": ((None,), "always hidden_size / num_attention_heads"),
+    "model.add_lm_head": ((True,), "pretraining trains the masked-LM head"),
+    "model.megatron_legacy": ((False,), "the encoder is megatron-core's; import legacy weights with "
+                                        "`bio-megatron import megatron-lm|nemo`"),
+    "model.virtual_pipeline_model_parallel_size": ((None, 1), "no interleaved pipeline schedule here"),
+    "model.activations_checkpoint_layers_per_pipeline": ((None,), "no activation recomputation here"),
+    "model.fp32_residual_connection": ((False,), "residuals stay in the compute dtype"),
+    "model.fp16_lm_cross_entropy": ((False,), "the LM loss is computed in fp32"),
+    "model.tokenizer.model": ((None,), "WordPiece vocabularies only (model.tokenizer.vocab_file)"),
+    "model.tokenizer.tokenizer_model": ((None,), "WordPiece vocabularies only (model.tokenizer.vocab_file)"),
+    "model.tokenizer.merge_file": ((None,), "WordPiece vocabularies only (no BPE merges)"),
+    "model.data.data_impl": (("mmap",), "megatron-core's indexed .bin/.idx datasets"),
+    "model.data.dataloader_type": (("single",), "samples are read in megatron-core's (pre-shuffled) order"),
+    "model.optim.sched.last_epoch": ((-1,), "schedules start at step 0; resume restores their state"),
+    "model.optim.sched.reduce_on_plateau": ((False,), "no ReduceLROnPlateau here"),
+    "pretrained_model": ((None,), "import a .nemo with `bio-megatron import nemo`, then model.restore_from_path"),
+    "do_training": ((True,), "evaluate a trained model with `bio-megatron evaluate` or `predict`"),
+    "model.language_model.config_file": ((None,), "give the shape with model.num_layers, hidden_size, ..."),
+    "model.language_model.config": ((None,), "give the shape with model.num_layers, hidden_size, ..."),
+    "model.dataset.keep_doc_spans": (("all",), "every document span is kept, as NeMo's default"),
+    "model.token_classifier.log_softmax": ((False,), "the loss normalises the logits itself"),
+    "model.train_ds.shuffle": ((True,), "training batches are shuffled every epoch"),
+    "model.validation_ds.shuffle": ((False,), "evaluation reads the data in order"),
+    "model.test_ds.shuffle": ((False,), "evaluation reads the data in order"),
+}
+
+# NeMo tokenizer / encoder names -> (our built-in vocabulary or None, lower-case, encoder shape).
+_BASE = {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "ffn_hidden_size": 3072,
+         "transformer_block_type": "post_ln"}
+_LARGE = {"num_layers": 24, "hidden_size": 1024, "num_attention_heads": 16, "ffn_hidden_size": 4096,
+          "transformer_block_type": "post_ln"}
+_M345 = {"size": "345m", "transformer_block_type": "pre_ln"}
+KNOWN_MODELS: dict[str, tuple[str | None, bool, dict]] = {
+    "bert-base-uncased": ("bert_base_uncased", True, _BASE),
+    "bert-base-cased": ("bert_base_cased", False, _BASE),
+    "bert-large-uncased": ("bert_base_uncased", True, _LARGE),  # the same WordPiece vocabulary as base
+    "bert-large-cased": ("bert_base_cased", False, _LARGE),
+    "megatron-bert-345m-uncased": ("bert_base_uncased", True, _M345),
+    "megatron-bert-345m-cased": ("bert_base_cased", False, _M345),
+    "biomegatron-bert-345m-uncased": (None, True, _M345),  # NGC's vocab file: give model.tokenizer.vocab_file
+    "biomegatron-bert-345m-cased": (None, False, _M345),
+}
+MEGATRON_TOKENIZERS = {"BertWordPieceLowerCase": ("bert_base_uncased", True),
+                       "BertWordPieceCase": ("bert_base_cased", False)}
+_DS_FILE_KEYS = {"ner": ("text_file",), "re": ("file_path",), "qa": ("file",)}
+_DS_TARGET = {"train_ds": "train_file", "validation_ds": "dev_file", "test_ds": "test_file"}
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def unflatten(flat: dict[str, Any]) -> dict:
+    out: dict = {}
+    for key, v in flat.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = v
+    return out
+
+
+def _reason(key: str, task: str) -> str | None:
+    for pattern, tasks, reason in NO_EFFECT:
+        if (tasks is None or task in tasks) and fnmatch.fnmatchcase(key, pattern):
+            return reason
+    return None
+
+
+class _Doc:
+    """The flat document being rewritten, with the command-line keys that win a rename conflict."""
+
+    def __init__(self, flat: dict[str, Any], cli_keys: set[str]):
+        self.flat, self.cli_keys = flat, cli_keys
+        self.out: dict[str, Any] = {}
+        self.source: dict[str, str] = {}  # our key -> the key it came from
+        self.problems: list[str] = []
+        self.ignored: dict[str, str] = {}
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        return self.flat.pop(key, default)
+
+    def from_cli(self, key: str) -> bool:
+        return any(key == k or key.startswith(k + ".") for k in self.cli_keys)
+
+    def set(self, target: str, value: Any, src: str) -> None:
+        """Write our key; two different values for one key are an error unless one came from the command line."""
+        if target in self.out and self.out[target] != value:
+            prev = self.source[target]
+            if self.from_cli(src) and not self.from_cli(prev):
+                pass
+            elif self.from_cli(prev) and not self.from_cli(src):
+                return
+            else:
+                self.problems.append(f"{prev} ({self.out[target]!r}) and {src} ({value!r}) set the same thing "
+                                     f"({target}); keep one")
+                return
+        self.out[target], self.source[target] = value, src
+
+
+def translate(doc: dict, task: str, cli_keys: set[str] = frozenset(), world_size: int | None = None
+              ) -> tuple[dict, list[str], dict[str, str]]:
+    """Resolved document -> (our document, problems, {NeMo key: why it has no effect here}).
+
+    ``task`` is ``pretrain``, ``ner``, ``re`` or ``qa``; ``cli_keys`` are the dotted keys given on the
+    command line; ``world_size`` (when known) turns NeMo's per-GPU batch size into our global batch."""
+    d = _Doc(flatten(doc), set(cli_keys))
+    for key in list(d.flat):  # our own keys pass through first, so a NeMo alias meets them in ``set``
+        if not _is_nemo_key(key, task):
+            d.set(key, d.flat.pop(key), key)
+    _trainer(d, task)
+    _exp_manager(d)
+    _encoder(d, task)
+    _tokenizer(d)
+    if task != "pretrain":
+        _datasets(d, task, world_size)
+    for key in list(d.flat):
+        value = d.flat.pop(key)
+        if key in CHECKED:
+            allowed, why = CHECKED[key]
+            if value not in allowed:
+                d.problems.append(f"{key} ({value!r}) must be {' or '.join(repr(a) for a in allowed)} here: {why}")
+        elif (reason := _reason(key, task)) is not None:
+            d.ignored[key] = reason
+        else:
+            d.set(key, value, key)
+    d.problems += [f"{src} is mandatory ({MISSING} in the config): give it on the command line, {src}=VALUE"
+                   for target, src in d.source.items() if d.out[target] == MISSING]
+    return unflatten(d.out), d.problems, d.ignored
+
+
+def _is_nemo_key(key: str, task: str) -> bool:
+    if key in CHECKED or _reason(key, task) is not None:
+        return True
+    if key == "model.tokenizer.do_lower_case":
+        return False
+    nemo_prefixes = ("model.seed", "model.tokenizer.", "model.language_model.", "model.token_classifier.",
+                     "model.train_ds.", "model.validation_ds.", "model.test_ds.", "model.data.seq_length",
+                     "trainer.devices", "trainer.val_check_interval",
+                     "trainer.accumulate_grad_batches", "exp_manager.explicit_log_dir", "exp_manager.exp_dir",
+                     "restore_from_path")
+    return key.startswith(nemo_prefixes)
+
+
+def _trainer(d: _Doc, task: str) -> None:
+    if "trainer.devices" in d.flat:
+        v = d.pop("trainer.devices")
+        # PTL: a list names GPU ids (the count is what matters: each rank's GPU is its LOCAL_RANK); -1 = all.
+        d.set("trainer.devices", len(v) if isinstance(v, list) else ("auto" if v == -1 else v), "trainer.devices")
+    if "trainer.val_check_interval" in d.flat:
+        v = d.pop("trainer.val_check_interval")
+        if task == "pretrain" and isinstance(v, float):
+            if not v.is_integer():
+                d.problems.append(f"trainer.val_check_interval ({v}): a fraction of an epoch has no meaning in "
+                                  "step-based pretraining; give a step count")
+                return
+            v = int(v)
+        d.set("trainer.val_check_interval", v, "trainer.val_check_interval")
+    if "trainer.accumulate_grad_batches" in d.flat:
+        v = d.pop("trainer.accumulate_grad_batches")
+        if task == "pretrain" and v != 1:
+            d.problems.append(f"trainer.accumulate_grad_batches ({v}) must be 1 for Megatron models: accumulation "
+                              "follows from model.global_batch_size / (micro_batch_size x data-parallel size)")
+        elif task != "pretrain":
+            d.flat["__accumulate"] = v  # consumed by _datasets with train_ds.batch_size
+
+
+def _exp_manager(d: _Doc) -> None:
+    if d.flat.get("exp_manager.explicit_log_dir") is not None:
+        # NeMo writes into explicit_log_dir itself; our run directory is exp_dir/name.
+        path = str(d.pop("exp_manager.explicit_log_dir")).rstrip("/")
+        d.set("exp_manager.exp_dir", posixpath.dirname(path) or ".", "exp_manager.explicit_log_dir")
+        d.set("exp_manager.name", posixpath.basename(path), "exp_manager.explicit_log_dir")
+    d.pop("exp_manager.explicit_log_dir")
+    if "exp_manager.exp_dir" in d.flat:
+        v = d.pop("exp_manager.exp_dir")
+        if v is not None:  # null: NeMo's default directory; ours is runs/
+            d.set("exp_manager.exp_dir", v, "exp_manager.exp_dir")
+
+
+def _encoder(d: _Doc, task: str) -> None:
+    if "model.seed" in d.flat:
+        d.set("trainer.seed", d.pop("model.seed"), "model.seed")
+    if d.flat.get("restore_from_path") is not None:
+        d.set("model.restore_from_path", d.pop("restore_from_path"), "restore_from_path")
+    d.pop("restore_from_path")
+    if "model.data.seq_length" in d.flat:
+        v, enc = d.pop("model.data.seq_length"), d.out.get("model.encoder_seq_length", 512)
+        if v != enc:
+            d.problems.append(f"model.data.seq_length ({v}) must equal model.encoder_seq_length ({enc}): "
+                              "the data are cut to the encoder's length here")
+    name = d.pop("model.language_model.pretrained_model_name")
+    if d.flat.get("model.language_model.lm_checkpoint") is not None:
+        d.set("model.restore_from_path", d.pop("model.language_model.lm_checkpoint"),
+              "model.language_model.lm_checkpoint")
+    d.pop("model.language_model.lm_checkpoint")
+    if name is not None:
+        if name not in KNOWN_MODELS:
+            d.problems.append(f"model.language_model.pretrained_model_name ({name!r}) must be one of "
+                              f"{', '.join(KNOWN_MODELS)} (or give the shape with model.num_layers, hidden_size, ...)")
+        else:
+            for k, v in KNOWN_MODELS[name][2].items():
+                d.set(f"model.{k}", v, "model.language_model.pretrained_model_name")
+            d.flat.setdefault("__model_name", name)
+            if "model.restore_from_path" not in d.out:
+                d.ignored["model.language_model.pretrained_model_name (weights)"] = (
+                    f"NeMo downloads {name}'s weights; here give model.restore_from_path (a checkpoint from "
+                    "`bio-megatron import`), or the encoder starts from random weights")
+    renames = {"num_layers": "num_fc_layers", "num_fc_layers": "num_fc_layers", "dropout": "fc_dropout",
+               "fc_dropout": "fc_dropout", "activation": "activation", "use_transformer_init": "use_transformer_init"}
+    for key in [k for k in d.flat if k.startswith("model.token_classifier.")]:
+        leaf = key.rsplit(".", 1)[1]
+        if leaf in renames and task in ("ner", "qa"):
+            d.set(f"model.head.{renames[leaf]}", d.pop(key), key)
+    if task == "qa" and "model.token_classifier.num_classes" in d.flat:
+        v = d.pop("model.token_classifier.num_classes")
+        if v != 2:
+            d.problems.append(f"model.token_classifier.num_classes ({v!r}) must be 2 here: start and end logits")
+
+
+def _tokenizer(d: _Doc) -> None:
+    library = d.pop("model.tokenizer.library")
+    type_ = d.pop("model.tokenizer.type")
+    hf_name = d.pop("model.tokenizer.tokenizer_name")
+    model_name = d.pop("__model_name")
+    vocab = d.pop("model.tokenizer.vocab_file")
+    if library not in (None, "megatron", "huggingface"):
+        d.problems.append(f"model.tokenizer.library ({library!r}) must be 'megatron' or 'huggingface' here "
+                          "(WordPiece vocabularies only)")
+        return
+    if type_ is not None and type_ not in MEGATRON_TOKENIZERS:
+        d.problems.append(f"model.tokenizer.type ({type_!r}) must be one of {', '.join(MEGATRON_TOKENIZERS)}")
+        return
+    name = type_ or hf_name or model_name
+    if name is not None and name not in MEGATRON_TOKENIZERS and name not in KNOWN_MODELS:
+        d.problems.append(f"model.tokenizer.tokenizer_name ({name!r}) must be one of "
+                          f"{', '.join([*KNOWN_MODELS, *MEGATRON_TOKENIZERS])} (WordPiece only)")
+        return
+    builtin, lower = (MEGATRON_TOKENIZERS.get(name) or KNOWN_MODELS[name][:2]) if name else (None, None)
+    if vocab is None and name is not None and builtin is None:
+        d.problems.append(f"model.tokenizer.vocab_file: {name} has no vocabulary built in here; give its vocab.txt")
+    src = "model.tokenizer.vocab_file" if vocab is not None else "model.tokenizer.type"
+    if vocab is not None or builtin is not None:
+        d.set("model.tokenizer.vocab_file", vocab if vocab is not None else builtin, src)
+    if lower is not None and "model.tokenizer.do_lower_case" not in d.out | d.flat:
+        d.set("model.tokenizer.do_lower_case", lower, "model.tokenizer.type")
+
+
+def _datasets(d: _Doc, task: str, world_size: int | None) -> None:
+    accumulate = d.pop("__accumulate", 1)
+    files = [f"model.{ds}.{k}" for ds in _DS_TARGET for k in (*_DS_FILE_KEYS[task], "labels_file")]
+    if any(k in d.flat for k in files):
+        if task != "qa":  # NeMo's own file formats (QA is SQuAD JSON either way)
+            d.set("model.dataset.format", "nemo", "model.train_ds")
+        if task != "ner" and "model.dataset.data_dir" not in d.out:
+            d.set("model.dataset.data_dir", ".", "model.train_ds")  # NeMo's paths are relative to the cwd
+    for ds, target in _DS_TARGET.items():
+        for k in _DS_FILE_KEYS[task]:
+            key = f"model.{ds}.{k}"
+            if key not in d.flat:
+                continue
+            v = d.pop(key)
+            if v is None and ds != "test_ds":
+                d.problems.append(f"{key} is null: NeMo needs it too; give {key}=PATH")
+            elif v is not None or ds == "test_ds":
+                d.set(f"model.dataset.{target}", v, key)
+            labels = d.pop(f"model.{ds}.labels_file")
+            if task == "ner" and v is not None and labels != str(v).replace("text_", "labels_", 1):
+                d.problems.append(f"model.{ds}.labels_file ({labels!r}) must be {key} with text_ -> labels_ "
+                                  f"({str(v).replace('text_', 'labels_', 1)!r}): NeMo NER files come in pairs")
+        n = d.pop(f"model.{ds}.num_samples")
+        if n is not None and n > 0:
+            if ds == "train_ds":
+                d.set("model.dataset.max_train_examples", n, f"model.{ds}.num_samples")
+            else:
+                d.set("model.dataset.max_eval_examples", n, f"model.{ds}.num_samples")
+    if "model.train_ds.batch_size" in d.flat:
+        bs = d.pop("model.train_ds.batch_size")
+        dp = 1
+        if world_size is not None:
+            tp = d.out.get("model.tensor_model_parallel_size", 1) or 1
+            pp = d.out.get("model.pipeline_model_parallel_size", 1) or 1
+            dp = max(1, world_size // (tp * pp))
+        # NeMo's batch_size is per GPU and accumulates k batches: ours are micro and global batches.
+        d.set("model.micro_batch_size", bs, "model.train_ds.batch_size")
+        d.set("model.global_batch_size", bs * accumulate * dp, "model.train_ds.batch_size")
+    elif accumulate != 1:
+        d.problems.append(f"trainer.accumulate_grad_batches ({accumulate}) needs model.train_ds.batch_size; "
+                          "or set model.global_batch_size")
+
