@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import warnings
 
@@ -67,10 +68,30 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if args.command is None else 2
     try:
         rc = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that went away shows up here, not at interpreter exit
     except BioMegatronError as exc:
         get_logger("cli").error("%s", exc)
         sys.stderr.flush()
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _stdout_closed()
     return int(rc or 0)
+
+
+def _stdout_closed() -> int:
+    """The reader of our stdout went away (``bio-megatron evaluate ... | head``): stop quietly, no traceback.
+
+    Python's documented recipe (library/signal, "Note on SIGPIPE"): point stdout at devnull so that the
+    interpreter's final flush of what is still buffered cannot raise again. Exit status 0, as
+    ``cli.evaluate.emit`` does: the reader chose to stop reading and got what it read, so a
+    ``set -o pipefail`` script running ``... | head`` does not fail. Errors are reported on stderr with
+    their own status (2 for bad input) whatever becomes of stdout.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (in-process callers): nothing to redirect
+        pass
+    return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +37,10 @@ def _load(path: str, task: str):
 def run_ner(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.ner import predict_entities, read_documents
-    from bio_megatron.utils.io import atomic_open
+    from bio_megatron.utils.io import atomic_open, check_output_file
 
+    if args.out:  # a folder or an unwritable place is refused before the model loads, not after the work
+        check_output_file(args.out)
     docs = list(read_documents(args.input))  # validate the whole input before loading the model
     try:
         loaded = _load(args.checkpoint, "ner")
@@ -53,21 +56,26 @@ def run_ner(args: argparse.Namespace) -> int:
 
 
 def run_qa(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.qa import answer, read_questions
-    from bio_megatron.utils.io import write_json_atomic
+    from bio_megatron.utils.io import check_output_file, write_json_atomic
 
+    if args.out:
+        out = Path(args.out)
+        for path in (out, _nbest_path(out)):
+            check_output_file(path)
     examples = read_questions(args.input)
     try:
         predictions, nbest = answer(_load(args.checkpoint, "qa"), examples)
     finally:
         teardown()
     if args.out:
-        out = Path(args.out)
         write_json_atomic(out, predictions)
-        write_json_atomic(out.with_name(out.stem + ".nbest.json"), nbest)
+        write_json_atomic(_nbest_path(out), nbest)
     else:
         print(json.dumps(predictions, indent=2))
     return 0
+
+
+def _nbest_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".nbest.json")

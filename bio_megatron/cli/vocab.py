@@ -8,8 +8,10 @@ import sys
 
 
 def _train(args: argparse.Namespace) -> int:
+    from bio_megatron.utils.io import check_output_file
     from bio_megatron.vocab.train import train_vocab
 
+    check_output_file(args.output)  # before SentencePiece trains, not after
     res = train_vocab(args.input, args.output, size=args.size, lowercase=args.uncased,
                       model_type=args.model_type, max_sentences=args.max_sentences, threads=args.threads)
     json.dump(res, sys.stdout, indent=2)

@@ -1,8 +1,16 @@
-"""Atomic outputs: write to a temporary path beside the target, rename when complete."""
+"""Atomic outputs: write to a temporary path beside the target, rename when complete.
+
+Folder outputs (``export hf``, ``import hf``, ``export``/``import megatron-lm``) follow one rule: the target must be absent, an empty folder,
+or -- with ``overwrite`` -- an earlier output of the same command, recognised by the marker file
+:data:`OUTPUT_MARKER` we write into every folder we produce. Anything else is refused before any work is
+done, so files we did not write are never removed.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
 import shutil
@@ -10,30 +18,140 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Iterator
 
-from bio_megatron.utils.errors import DataError
+from bio_megatron import __version__
+from bio_megatron.utils.errors import DataError, OutputError
+
+OUTPUT_MARKER = ".bio_megatron_output.json"
+
+
+def _marker_command(folder: Path) -> str | None:
+    """The command that wrote ``folder`` according to its marker, or None (no marker, unreadable marker)."""
+    try:
+        marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker.get("command") if isinstance(marker, dict) else None
+
+
+def check_output_dir(target: str | os.PathLike, command: str, overwrite: bool = False) -> None:
+    """Refuse (:class:`OutputError`) a folder target that is not absent, empty, or -- with ``overwrite`` --
+    an earlier output of ``command``. Called before the work, and again just before the swap."""
+    target = Path(target)
+    if not target.exists() and not target.is_symlink():
+        return
+    hint = f"choose a new or empty folder (--overwrite replaces only an earlier `{command}` output)"
+    if target.is_symlink() or not target.is_dir():
+        raise OutputError(f"{target}: exists and is not a folder; {hint}")
+    try:
+        empty = next(os.scandir(target), None) is None
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot be read ({exc.strerror}); {hint}") from None
+    if empty:
+        return
+    wrote = _marker_command(target)
+    if wrote == command:
+        if not overwrite:
+            raise OutputError(f"{target}: holds an earlier `{command}` output; pass --overwrite to replace it")
+        return
+    what = f"a `{wrote}` output" if wrote else f"files not written by `{command}` (no {OUTPUT_MARKER})"
+    raise OutputError(f"{target}: not empty, holds {what}; refusing to replace it: {hint}")
+
+
+def check_output_file(target: str | os.PathLike) -> None:
+    """Refuse (:class:`OutputError`) a file target that is a folder or whose folder cannot be written;
+    cheap enough to call before hours of work."""
+    target = Path(target)
+    if target.is_dir():
+        raise OutputError(f"{target}: is a folder; a file path is expected")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:  # the nearest existing ancestor gets the folders
+        parent = parent.parent
+    if not parent.is_dir():
+        raise OutputError(f"{target}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise OutputError(f"{target}: folder {parent} is not writable")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False  # old kernel / a file system without exchange: fall back to rename-aside
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in_dir(tmp: Path, target: Path, command: str | None, overwrite: bool) -> None:
+    """Move the finished folder ``tmp`` onto ``target`` (re-checked first). Each step is one atomic rename or
+    exchange, so a crash leaves either the old or the new output at ``target``; only on a file system
+    without ``RENAME_EXCHANGE`` is there a moment without it, with the old output complete beside it."""
+    if command is None:  # no marker to recognise an earlier output by: only an absent or empty target
+        if target.is_symlink() or (target.exists() and not (target.is_dir()
+                                                            and next(os.scandir(target), None) is None)):
+            raise OutputError(f"{target}: exists and is not an empty folder; refusing to replace it")
+    else:
+        check_output_dir(target, command, overwrite)  # again: the target may have changed while we worked
+    if not target.exists() or next(os.scandir(target), None) is None:
+        os.replace(tmp, target)  # rename(2) onto an absent path or an empty folder is atomic
+        return
+    # An earlier output of ours: exchange the two in one step, then delete the old one (now at tmp).
+    if _exchange(tmp, target):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    # No exchange: move the old output aside under a visible name, move the new one in, delete the old.
+    # A crash between the two renames leaves the old output complete at ``.<name>.old-*``, never deleted.
+    aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.replace(target, aside)
+    os.replace(tmp, target)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager
-def atomic_path(target: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+def atomic_path(target: str | os.PathLike, suffix: str = "", *, command: str | None = None,
+                overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary path in the target's directory; rename it onto ``target`` only on success.
 
     Works for files and directories: whatever the caller creates at the yielded path is moved into place.
+    A file replaces a file. A folder replaces only an absent target or an empty folder, or -- when
+    ``command`` is given and ``overwrite`` is set -- an earlier output of ``command`` (its marker
+    :data:`OUTPUT_MARKER` is written into every folder produced with a ``command``); the target is checked
+    before the block runs too, so a refusal costs nothing.
     """
     target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    if target.name in ("", ".", ".."):  # `--out .`: the sibling must go next to the folder's real name
+        target = Path(os.path.abspath(target))
+    if command is not None:
+        check_output_dir(target, command, overwrite)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix + ".tmp", dir=target.parent)
+    except OSError as exc:
+        raise OutputError(f"{target}: cannot write here ({exc.strerror})") from None
     os.close(fd)
     os.unlink(tmp)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
-        if target.is_dir() and not target.is_symlink() and tmp_path.is_dir():
-            shutil.rmtree(target)
-        os.replace(tmp_path, target)
-    finally:
         if tmp_path.is_dir():
+            if command is not None:
+                (tmp_path / OUTPUT_MARKER).write_text(json.dumps(
+                    {"command": command, "version": __version__}, indent=2) + "\n", encoding="utf-8")
+            _swap_in_dir(tmp_path, target, command, overwrite)
+        else:
+            if target.is_dir() and not target.is_symlink():
+                raise OutputError(f"{target}: is a folder; a file path is expected")
+            os.replace(tmp_path, target)
+    finally:
+        if tmp_path.is_dir() and not tmp_path.is_symlink():
             shutil.rmtree(tmp_path, ignore_errors=True)
-        elif tmp_path.exists():
+        elif tmp_path.exists() or tmp_path.is_symlink():
             tmp_path.unlink()
 
 
