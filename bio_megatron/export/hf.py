@@ -25,6 +25,11 @@ qa         BioMegatronForQuestionAnswering            AutoModelForQuestionAnswer
 re         BioMegatronForSequenceClassification       AutoModelForSequenceClassification
 =========  =========================================  ==================================================
 
+A post-LN checkpoint (``model.transformer_block_type: post_ln``) exports to the same classes of the original
+BERT family (``BertForMaskedLM`` / ``BertForPreTraining``, ``BertFor{TokenClassification,QuestionAnswering,
+SequenceClassification}`` for the heads above, ``model_type: bert``); ``import hf`` reads ``bert`` folders
+(``BertModel`` too: a fresh MLM head is initialised). The remote-code classes are pre-LN only.
+
 The remote-code folder adds ``modeling_bio_megatron.py`` (a verbatim copy of
 :mod:`bio_megatron.export.hf_modeling`), ``model_type: bio-megatron-bert``, ``auto_map`` (AutoConfig + the
 AutoModel above) and ``bio_megatron_head`` to ``config.json``; head weights keep our names (``head.mlp.*``).
@@ -42,12 +47,13 @@ import torch
 import yaml
 
 from bio_megatron.config.sizes import ModelShape
-from bio_megatron.export.hf_heads import (PLAIN_CLASS, apply_head, head_settings, head_to_hf, hf_to_head,
-                                          plain_class, remote_config_fields, source_head, write_remote_code)
+from bio_megatron.export.hf_heads import (BERT_PLAIN_CLASS, PLAIN_CLASS, apply_head, head_settings, head_to_hf,
+                                          hf_to_head, plain_class, remote_config_fields, source_head,
+                                          write_remote_code)
 from bio_megatron.models.hf_convert import hf_config, hf_to_mcore, mcore_to_hf
 from bio_megatron.tasks.model import Source, resolve_source
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.utils.io import atomic_path
+from bio_megatron.utils.io import atomic_path, check_output_dir
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -66,10 +72,15 @@ def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
     (out / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
 
 
-def export_hf(checkpoint: str | Path, out: str | Path) -> dict:
-    """Write an HF folder for ``checkpoint`` (pretraining or fine-tuned, any saved layout); returns a summary."""
+EXPORT_COMMAND, IMPORT_COMMAND = "export hf", "import hf"  # the names in each output folder's marker
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+    """Write an HF folder for ``checkpoint`` (pretraining or fine-tuned, any saved layout); returns a summary.
+    ``out`` must be absent or empty, or (``overwrite``) an earlier ``export hf`` output."""
     from bio_megatron.predict.common import single_process
 
+    check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
     single_process()
     src = resolve_source(checkpoint)
     if src.kind != "checkpoint":
@@ -85,7 +96,7 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> dict:
     missing = [k for k in missing if "position_ids" not in k and k != "cls.predictions.decoder.weight"]
     if missing or unexpected:
         raise CheckpointError(f"conversion incomplete for {cls}: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    with atomic_path(out) as tmp:
+    with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         if remote:
             write_remote_code(tmp)
@@ -116,6 +127,12 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
     m, shape, vocab = loaded.cfg.model, loaded.model.shape, loaded.tokenizer.vocab_size
     settings = head_settings(src.task, m)
     plain = plain_class(src.task, settings, shape.hidden_size)
+    if m.transformer_block_type == "post_ln":
+        if plain is None:  # the remote-code classes wrap MegatronBertModel (pre-LN)
+            raise CheckpointError(f"{src.path}: a post-LN (BERT) model with this {src.task} head has no Hugging Face "
+                                  f"class yet; only heads that transformers' Bert* classes compute export "
+                                  f"({settings})")
+        plain = BERT_PLAIN_CLASS[src.task]  # same head module names in both families
     sd = loaded.model.state_dict()
     hsd = {**mcore_to_hf(sd, shape, vocab, binary_head=False), **head_to_hf(src.task, sd, plain is not None)}
     labels = loaded.labels
@@ -123,7 +140,8 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
     if labels:
         extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
                      label2id={t: i for i, t in enumerate(labels)})
-    config = hf_config(shape, vocab, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon, **extra)
+    config = hf_config(shape, vocab, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
+                       block_type=m.transformer_block_type, **extra)
     if plain is None:
         from bio_megatron.export.hf_modeling import BioMegatronConfig
 
@@ -153,9 +171,10 @@ def _pretraining_to_hf(src: Source):
     sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
     shape = m.shape()
     hsd = mcore_to_hf(sd, shape, tok.vocab_size, binary_head=binary)
-    arch = "MegatronBertForPreTraining" if binary else "MegatronBertForMaskedLM"
+    family = "Bert" if m.transformer_block_type == "post_ln" else "MegatronBert"
+    arch = f"{family}ForPreTraining" if binary else f"{family}ForMaskedLM"
     config = hf_config(shape, tok.vocab_size, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
-                       architectures=[arch])
+                       block_type=m.transformer_block_type, architectures=[arch])
     return hsd, config, tok.lowercase, None
 
 
@@ -165,12 +184,21 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
 
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
-    if files:
-        hsd = {k: v for f in files for k, v in load_file(str(f)).items()}
-    elif (path / "pytorch_model.bin").is_file():
-        hsd = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    else:
+    if not files and (path / "pytorch_model.bin").is_file():
+        files = [path / "pytorch_model.bin"]
+    if not files:
         raise CheckpointError(f"{path}: no *.safetensors or pytorch_model.bin")
+    hsd = {}
+    for f in files:
+        try:
+            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
+                                                                                   weights_only=True)
+        except Exception as exc:  # safetensors' SafetensorError, torch's UnpicklingError/EOFError/RuntimeError
+            raise CheckpointError(f"{f}: unreadable weights file, truncated or damaged? ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
+        if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
+            raise CheckpointError(f"{f}: not a state dict of tensors")
+        hsd.update(part)
     prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
     binary = "cls.seq_relationship.weight" in hsd
     try:
@@ -180,7 +208,8 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
         if task is not None:
             full.update(hf_to_head(task, hsd))
     except KeyError as exc:
-        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing (not a MegatronBert checkpoint?)") from None
+        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
+                              "(not a BERT / MegatronBert checkpoint?)") from None
     return full
 
 
@@ -195,17 +224,20 @@ def task_config_for_hf(src: Source):
     return cfg
 
 
-def import_hf(hf_dir: str | Path, out: str | Path) -> dict:
-    """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder."""
+def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+    """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder.
+    ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output."""
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
+    from bio_megatron.models.init import init_weights
     from bio_megatron.predict.common import single_process
     from bio_megatron.tasks.heads import build_head
     from bio_megatron.tasks.model import build_task_model, load_full_state
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
+    check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before converting anything
     single_process()
     src = resolve_source(hf_dir)
     if src.kind != "hf":
@@ -220,6 +252,11 @@ def import_hf(hf_dir: str | Path, out: str | Path) -> dict:
         full = read_hf_state(hf_dir, m.shape(), padded)
         m.bert_binary_head = "binary_head.weight" in full
         model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+        if "lm_head.dense.weight" not in full:  # a bare encoder (HF BertModel, e.g. MiniLM): fresh MLM head
+            log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", hf_dir)
+            init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
+            fresh = model.state_dict()
+            full.update({k: fresh[k] for k in fresh if k.startswith(("lm_head.", "output_layer.bias"))})
     else:
         cfg = task_config_for_hf(src)
         m = cfg.model
@@ -231,10 +268,13 @@ def import_hf(hf_dir: str | Path, out: str | Path) -> dict:
         full = read_hf_state(hf_dir, m.shape(), padded, src.task)
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
     load_full_state(model, full)
-    ckpt.save_model_checkpoint(
-        out, model, cfg, src.vocab_file,
-        {"imported_from": str(hf_dir), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
-         "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
-        files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
+    # save_model_checkpoint writes atomically into the absent path ``tmp``; the outer atomic_path then applies
+    # the folder rule (marker, --overwrite) when moving it onto ``out``.
+    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+        ckpt.save_model_checkpoint(
+            tmp, model, cfg, src.vocab_file,
+            {"imported_from": str(hf_dir), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
+             "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
+            files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
     log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
     return {"out": str(out), "task": src.task, "labels": src.labels}

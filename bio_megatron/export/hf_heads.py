@@ -26,7 +26,10 @@ REMOTE_CLASS = {"ner": "BioMegatronForTokenClassification", "qa": "BioMegatronFo
                 "re": "BioMegatronForSequenceClassification"}
 AUTO_CLASS = {"ner": "AutoModelForTokenClassification", "qa": "AutoModelForQuestionAnswering",
               "re": "AutoModelForSequenceClassification"}
-CLASS_TASK = {**{c: t for t, c in PLAIN_CLASS.items()}, **{c: t for t, c in REMOTE_CLASS.items()}}
+# Original (post-LN) BERT's task classes compute the same heads under the same module names.
+BERT_PLAIN_CLASS = {t: c.replace("MegatronBert", "Bert") for t, c in PLAIN_CLASS.items()}
+CLASS_TASK = {**{c: t for t, c in PLAIN_CLASS.items()}, **{c: t for t, c in BERT_PLAIN_CLASS.items()},
+              **{c: t for t, c in REMOTE_CLASS.items()}}
 REMOTE_MODULE = "modeling_bio_megatron"
 REMOTE_MODEL_TYPE = "bio-megatron-bert"
 HEAD_KEYS = ("num_fc_layers", "fc_hidden_size", "activation", "fc_dropout")
@@ -102,7 +105,7 @@ def source_head(arch: str, hf_cfg: dict, where: str) -> dict:
     """The head of an HF task folder (class ``arch``) in a checkpoint's ``config.yaml`` terms (``Source.head``)."""
     task = CLASS_TASK[arch]
     block, count = _block(task)
-    if arch == PLAIN_CLASS[task]:  # exactly the head the plain class computes
+    if arch in (PLAIN_CLASS[task], BERT_PLAIN_CLASS[task]):  # exactly the head the plain class computes
         plain = {count: 2, "activation": "tanh"} if task == "re" else {count: 1}
         return {block: plain, "fc_hidden_size": None}
     if "bio_megatron_head" not in hf_cfg:

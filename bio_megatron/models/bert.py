@@ -2,7 +2,8 @@
 
 Spec choice: Transformer Engine's spec when TE is importable on a GPU (the DGX image), otherwise
 megatron-core's local spec; on GPU the local spec's attention is swapped for ``SDPACoreAttention`` so
-attention never falls back to the unfused path there.
+attention never falls back to the unfused path there. ``model.transformer_block_type: post_ln`` turns the
+local spec into the original BERT layer order (:mod:`bio_megatron.models.post_ln`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.attention import SDPACoreAttention
+from bio_megatron.models.post_ln import (add_embedding_layernorm, drop_final_layernorm, is_post_ln,
+                                         post_ln_layer_spec)
 from bio_megatron.utils.errors import ConfigError
 
 
@@ -65,12 +68,22 @@ def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> Tr
 def layer_spec(m: ModelConfig) -> ModuleSpec:
     impl = m.transformer_impl
     on_gpu = torch.cuda.is_available()
+    post_ln = m.transformer_block_type == "post_ln"
+    if post_ln and impl == "transformer_engine":
+        raise ConfigError("model.transformer_block_type=post_ln needs model.transformer_impl local or auto: "
+                          "Transformer Engine's BERT spec fuses each LayerNorm into the next linear (pre-LN only)")
+    if post_ln:
+        return post_ln_layer_spec(_local_spec(m, on_gpu))
     if impl == "transformer_engine" or (impl == "auto" and on_gpu and have_transformer_engine()):
         if not have_transformer_engine():
             raise ConfigError("model.transformer_impl=transformer_engine but Transformer Engine is not importable")
         from megatron.core.models.bert.bert_layer_specs import get_bert_layer_with_transformer_engine_spec
 
         return get_bert_layer_with_transformer_engine_spec()
+    return _local_spec(m, on_gpu)
+
+
+def _local_spec(m: ModelConfig, on_gpu: bool) -> ModuleSpec:
     backend = m.attention_backend if m.attention_backend != "auto" else ("sdpa" if on_gpu else "unfused")
     if backend == "unfused":
         return bert_layer_local_spec
@@ -86,10 +99,18 @@ class BioBertModel(BertModel):
     Megatron pads the vocabulary to a multiple of 128 x TP, and its padded entries would otherwise take
     part in the softmax: the loss would then depend on the TP size, and the model could predict tokens that
     do not exist. Masking them makes losses identical across layouts and logits equal to an unpadded model.
+
+    With a post-LN layer spec it is the original BERT: embedding LayerNorm, no final LayerNorm. The LM head
+    (dense, GELU, LayerNorm), pooler and binary head are the same in both families (as in HF
+    ``BertForPreTraining`` and ``MegatronBertForPreTraining``).
     """
 
     def __init__(self, *args, true_vocab_size: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if is_post_ln(self.transformer_layer_spec):
+            drop_final_layernorm(self.encoder)
+            if self.pre_process:
+                add_embedding_layernorm(self.embedding)
         self.true_vocab_size = true_vocab_size
         if self.post_process and true_vocab_size is not None and true_vocab_size < self.vocab_size:
             self.output_layer.register_forward_hook(self._mask_padded_vocab)

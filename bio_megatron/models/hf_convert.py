@@ -1,10 +1,15 @@
-"""Megatron BERT (megatron-core, TP1 full state) <-> Hugging Face ``MegatronBert*`` state dicts.
+"""BERT (megatron-core, TP1 full state) <-> Hugging Face state dicts, for both families:
 
-Pitfalls handled here (converters written by others degraded models through them):
+- pre-LN Megatron BERT <-> ``MegatronBert*`` (``model_type: megatron-bert``);
+- post-LN original BERT (BioBERT, PubMedBERT, MiniLM) <-> ``Bert*`` (``model_type: bert``).
+
+The family is read from the weights themselves (an embedding LayerNorm means post-LN). Pitfalls handled
+here (converters written by others degraded models through them):
 - megatron-core's fused ``linear_qkv`` rows are grouped per head ``[q_h0, k_h0, v_h0, q_h1, ...]``;
   a naive ``chunk(3)`` is wrong.
 - the vocabulary is padded to a multiple of 128 x TP in Megatron; HF holds only the real entries.
-- GELU is exact (erf) on both sides; LayerNorm eps 1e-12.
+- GELU is exact (erf) on both sides (megatron-core's LM head hard-codes it); LayerNorm eps from the config.
+- TF-converted BERT checkpoints name LayerNorm parameters ``gamma``/``beta``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,22 @@ from __future__ import annotations
 import torch
 
 from bio_megatron.config.sizes import ModelShape
+from bio_megatron.utils.errors import CheckpointError
+
+# config.json model_type -> transformer_block_type ("bio-megatron-bert": export hf's remote-code task classes)
+HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln"}
 
 _LAYER_PAIRS = {
     "input_layernorm": "attention.ln", "self_attention.linear_proj": "attention.output.dense",
     "pre_mlp_layernorm": "ln", "mlp.linear_fc1": "intermediate.dense", "mlp.linear_fc2": "output.dense",
 }
+_POST_LN_LAYER_PAIRS = {
+    "self_attention.linear_proj": "attention.output.dense", "post_attention_layernorm": "attention.output.LayerNorm",
+    "mlp.linear_fc1": "intermediate.dense", "mlp.linear_fc2": "output.dense", "post_mlp_layernorm": "output.LayerNorm",
+}
+# (ours, HF's) for the weights outside the layers that only one family has.
+_FAMILY_NORMS = {"pre_ln": ("encoder.final_layernorm", "encoder.ln"),
+                 "post_ln": ("embedding.layernorm", "embeddings.LayerNorm")}
 # megatron-core's local spec stores LayerNorms under these names (TE's spec fuses them into the linears).
 _TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
@@ -27,8 +43,9 @@ _TE_ALIASES = {
 
 
 def hf_config(shape: ModelShape, vocab_size: int, max_position_embeddings: int, num_tokentypes: int = 2,
-              layernorm_epsilon: float = 1e-12, **extra):
-    from transformers import MegatronBertConfig
+              layernorm_epsilon: float = 1e-12, block_type: str = "pre_ln", **extra):
+    """``MegatronBertConfig`` (pre-LN) or ``BertConfig`` (post-LN) for this shape."""
+    from transformers import BertConfig, MegatronBertConfig
 
     fields = dict(
         vocab_size=vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
@@ -36,7 +53,48 @@ def hf_config(shape: ModelShape, vocab_size: int, max_position_embeddings: int, 
         hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         max_position_embeddings=max_position_embeddings, type_vocab_size=num_tokentypes,
         layer_norm_eps=layernorm_epsilon, tie_word_embeddings=True)
-    return MegatronBertConfig(**{**fields, **extra})
+    cls = BertConfig if block_type == "post_ln" else MegatronBertConfig
+    if block_type == "post_ln":
+        fields["position_embedding_type"] = "absolute"
+    return cls(**{**fields, **extra})
+
+
+def block_type_of(sd: dict[str, torch.Tensor]) -> str:
+    """``post_ln`` when the megatron-core state has BERT's embedding LayerNorm, else ``pre_ln``."""
+    return "post_ln" if "embedding.layernorm.weight" in sd else "pre_ln"
+
+
+def hf_block_type(hsd: dict[str, torch.Tensor], prefix: str = "bert.") -> str:
+    """``post_ln`` for an HF ``Bert*`` state (embedding LayerNorm), ``pre_ln`` for ``MegatronBert*``."""
+    return "post_ln" if f"{prefix}embeddings.LayerNorm.weight" in hsd else "pre_ln"
+
+
+def hf_shape(cfg: dict, where: str) -> dict:
+    """ModelConfig fields for an HF ``config.json`` of either family, refusing what the engine cannot compute
+    exactly (CheckpointError quoting the values)."""
+    block_type = HF_MODEL_TYPES.get(cfg.get("model_type"))
+    if block_type is None:  # callers check model_type first; this guards direct use
+        raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r}, expected one of "
+                              f"{sorted(HF_MODEL_TYPES)}")
+    problems = []
+    act = cfg.get("hidden_act", "gelu")
+    if act != "gelu":  # megatron-core's BertLMHead hard-codes exact GELU; gelu_new / relu would differ
+        problems.append(f"hidden_act {act!r} (only exact 'gelu' is supported)")
+    pos = cfg.get("position_embedding_type", "absolute")
+    if pos != "absolute":
+        problems.append(f"position_embedding_type {pos!r} (only 'absolute' is supported)")
+    for key in ("is_decoder", "add_cross_attention"):
+        if cfg.get(key):
+            problems.append(f"{key} true (an encoder is expected)")
+    if cfg.get("hidden_size", 0) % max(cfg.get("num_attention_heads", 1), 1):
+        problems.append(f"hidden_size ({cfg.get('hidden_size')}) not divisible by num_attention_heads "
+                        f"({cfg.get('num_attention_heads')})")
+    if problems:
+        raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
+    return {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
+            "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
+            "max_position_embeddings": cfg["max_position_embeddings"], "num_tokentypes": cfg["type_vocab_size"],
+            "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12), "transformer_block_type": block_type}
 
 
 def _normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -58,14 +116,16 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, vocab_size: int,
     ``prefix`` is where HF keeps the encoder (``bert.``); MLM head keys go under ``cls.predictions``.
     """
     sd = _normalise(sd)
+    family = block_type_of(sd)
     h, heads, d = shape.hidden_size, shape.num_attention_heads, shape.hidden_size // shape.num_attention_heads
     word = sd["embedding.word_embeddings.weight"][:vocab_size]
+    ours, theirs = _FAMILY_NORMS[family]
     out = {
         f"{prefix}embeddings.word_embeddings.weight": word,
         f"{prefix}embeddings.position_embeddings.weight": sd["embedding.position_embeddings.weight"],
         f"{prefix}embeddings.token_type_embeddings.weight": sd["embedding.tokentype_embeddings.weight"],
-        f"{prefix}encoder.ln.weight": sd["encoder.final_layernorm.weight"],
-        f"{prefix}encoder.ln.bias": sd["encoder.final_layernorm.bias"],
+        f"{prefix}{theirs}.weight": sd[f"{ours}.weight"],
+        f"{prefix}{theirs}.bias": sd[f"{ours}.bias"],
     }
     if "lm_head.dense.weight" in sd:
         out.update({
@@ -89,7 +149,7 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, vocab_size: int,
         for j, name in enumerate(("query", "key", "value")):
             out[hf + f"attention.self.{name}.weight"] = w[:, j].reshape(h, h)
             out[hf + f"attention.self.{name}.bias"] = b[:, j].reshape(h)
-        for a, c in _LAYER_PAIRS.items():
+        for a, c in (_POST_LN_LAYER_PAIRS if family == "post_ln" else _LAYER_PAIRS).items():
             out[hf + c + ".weight"] = sd[m + a + ".weight"]
             out[hf + c + ".bias"] = sd[m + a + ".bias"]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
@@ -97,7 +157,10 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, vocab_size: int,
 
 def hf_to_mcore(hsd: dict[str, torch.Tensor], shape: ModelShape, padded_vocab_size: int, *,
                 binary_head: bool, prefix: str = "bert.") -> dict[str, torch.Tensor]:
-    """HF ``MegatronBert*`` state -> full (TP1) megatron-core BertModel state, vocabulary zero-padded."""
+    """HF ``MegatronBert*`` / ``Bert*`` state -> full (TP1) megatron-core BertModel state (pre-LN / post-LN),
+    vocabulary zero-padded."""
+    hsd = {_untf(k): v for k, v in hsd.items()}
+    family = hf_block_type(hsd, prefix)
     h, heads, d = shape.hidden_size, shape.num_attention_heads, shape.hidden_size // shape.num_attention_heads
 
     def pad(t: torch.Tensor) -> torch.Tensor:
@@ -108,9 +171,14 @@ def hf_to_mcore(hsd: dict[str, torch.Tensor], shape: ModelShape, padded_vocab_si
         "embedding.word_embeddings.weight": pad(hsd[f"{prefix}embeddings.word_embeddings.weight"]),
         "embedding.position_embeddings.weight": hsd[f"{prefix}embeddings.position_embeddings.weight"],
         "embedding.tokentype_embeddings.weight": hsd[f"{prefix}embeddings.token_type_embeddings.weight"],
-        "encoder.final_layernorm.weight": hsd[f"{prefix}encoder.ln.weight"],
-        "encoder.final_layernorm.bias": hsd[f"{prefix}encoder.ln.bias"],
     }
+    ours, theirs = _FAMILY_NORMS[family]
+    out.update({f"{ours}.{p}": hsd[f"{prefix}{theirs}.{p}"] for p in ("weight", "bias")})
+    decoder = hsd.get("cls.predictions.decoder.weight")
+    if decoder is not None and not torch.equal(decoder, hsd[f"{prefix}embeddings.word_embeddings.weight"]):
+        # our LM output layer shares the word embeddings, as BERT's does unless tie_word_embeddings is false
+        raise CheckpointError("cls.predictions.decoder.weight differs from the word embeddings (untied "
+                              "output embeddings): not supported, the engine ties them")
     if "cls.predictions.transform.dense.weight" in hsd:
         out.update({
             "lm_head.dense.weight": hsd["cls.predictions.transform.dense.weight"],
@@ -132,7 +200,17 @@ def hf_to_mcore(hsd: dict[str, torch.Tensor], shape: ModelShape, padded_vocab_si
                             dim=1)
         out[m + "self_attention.linear_qkv.weight"] = qkv_w.reshape(3 * h, h)
         out[m + "self_attention.linear_qkv.bias"] = qkv_b.reshape(3 * h)
-        for a, c in _LAYER_PAIRS.items():
+        for a, c in (_POST_LN_LAYER_PAIRS if family == "post_ln" else _LAYER_PAIRS).items():
             out[m + a + ".weight"] = hsd[hf + c + ".weight"]
             out[m + a + ".bias"] = hsd[hf + c + ".bias"]
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
+
+
+def _untf(key: str) -> str:
+    """TF-converted BERT checkpoints (early BioBERT) name LayerNorm parameters gamma/beta."""
+    if "LayerNorm." in key:
+        if key.endswith(".gamma"):
+            return key[: -len("gamma")] + "weight"
+        if key.endswith(".beta"):
+            return key[: -len("beta")] + "bias"
+    return key

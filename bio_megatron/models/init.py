@@ -24,7 +24,9 @@ def _sharded_tensors(model: torch.nn.Module):
 def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int) -> torch.Tensor:
     """Megatron BERT's init: N(0, std) weights, std/sqrt(2L) for residual output projections,
     zero biases, unit LayerNorm gains."""
-    if "norm" in key:  # input/pre-MLP/final/lm-head LayerNorms (``layer_norm_weight``, ``layernorm.weight``)
+    # Every LayerNorm: pre-LN's input/pre-MLP/final ones (``layer_norm_weight``, ``layernorm.weight``), post-LN's
+    # post-attention/post-MLP/embedding ones, the LM head's (``layer_norm.weight``).
+    if "norm" in key:
         return torch.ones(shape) if key.endswith("weight") else torch.zeros(shape)
     if key.endswith("bias"):
         return torch.zeros(shape)

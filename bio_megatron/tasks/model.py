@@ -14,13 +14,11 @@ Sources (``model.restore_from_path``): a BioMegatron pretraining or fine-tuning 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import yaml
-from megatron.core import dist_checkpointing
 from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
@@ -34,16 +32,19 @@ from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.export.hf_heads import CLASS_TASK, REMOTE_MODEL_TYPE, source_head
 from bio_megatron.models.bert import layer_spec, transformer_config
-from bio_megatron.models.hf_convert import _TE_ALIASES
+from bio_megatron.models.hf_convert import _TE_ALIASES, HF_MODEL_TYPES, hf_shape
 from bio_megatron.models.init import init_weights
+from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
 from bio_megatron.tasks.heads import pytorch_default_init
-from bio_megatron.training.checkpoint import read_metadata
+from bio_megatron.training.checkpoint import load_sharded, read_metadata
 from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import load_json
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 _SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-               "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by")
+               "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
+               "transformer_block_type")
 
 
 class TaskModel(MegatronModule):
@@ -60,13 +61,16 @@ class TaskModel(MegatronModule):
         core = spec.submodules.self_attention.submodules.core_attention
         # megatron's unfused attention wants [b,1,s,s]; SDPA/Transformer Engine a key-padding mask [b,1,1,s].
         self.mask_dims = "b1ss" if core is DotProductAttention else "b11s"
+        post_ln = is_post_ln(spec)
         if pre_process:
             self.embedding = LanguageModelEmbedding(config=self.config, vocab_size=padded_vocab,
                                                     max_sequence_length=m.max_position_embeddings,
                                                     position_embedding_type="learned_absolute",
                                                     num_tokentypes=m.num_tokentypes)
+            if post_ln:  # original BERT: LayerNorm on the embedding sum, none after the last layer
+                add_embedding_layernorm(self.embedding)
         self.encoder = TransformerBlock(config=self.config, spec=spec, pre_process=pre_process,
-                                        post_process=post_process)
+                                        post_process=post_process, post_layer_norm=not post_ln)
         if post_process:
             self.head = head
 
@@ -104,18 +108,41 @@ class Source:
     head: dict | None = None       # model.head / classifier_head / fc_hidden_size (fine-tuned checkpoint, HF folder)
 
 
+_HF_INT_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size")
+
+
+def _read_hf_config(file: Path) -> dict:
+    """An HF ``config.json``, checked for what the conversion reads: broken JSON is a DataError naming the
+    file and line; a missing or mistyped shape key or label map a CheckpointError naming the key."""
+    cfg = load_json(file)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{file}: a JSON object is expected, not {type(cfg).__name__}")
+    for key in _HF_INT_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            what = "missing" if key not in cfg else f"{value!r}"
+            raise CheckpointError(f"{file}: {key} {what}, a positive integer is expected")
+    eps = cfg.get("layer_norm_eps", 1e-12)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise CheckpointError(f"{file}: layer_norm_eps {eps!r}, a positive number is expected")
+    id2label = cfg.get("id2label")
+    if id2label and (not isinstance(id2label, dict) or set(id2label) != {str(i) for i in range(len(id2label))}):
+        got = sorted(id2label)[:5] if isinstance(id2label, dict) else id2label
+        raise CheckpointError(f"{file}: id2label {got!r}, a map from \"0\", \"1\", ... (every label id) to "
+                              f"label names is expected")
+    return cfg
+
+
 def resolve_source(path: str | Path) -> Source:
     """Inspect a checkpoint or HF folder (raises CheckpointError naming the path when it is neither)."""
     path = Path(path)
     if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
-        cfg = json.loads((path / "config.json").read_text())
-        if cfg.get("model_type") not in ("megatron-bert", REMOTE_MODEL_TYPE):
-            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected "
-                                  f"'megatron-bert' or {REMOTE_MODEL_TYPE!r}")
-        shape = {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
-                 "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
-                 "max_position_embeddings": cfg["max_position_embeddings"], "num_tokentypes": cfg["type_vocab_size"],
-                 "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12)}
+        cfg = _read_hf_config(path / "config.json")
+        if cfg.get("model_type") not in HF_MODEL_TYPES:
+            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected one of "
+                                  f"{sorted(HF_MODEL_TYPES)}")
+        shape = hf_shape(cfg, f"{path}/config.json")
         arch = (cfg.get("architectures") or [""])[0]
         task = CLASS_TASK.get(arch)
         if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:
@@ -183,10 +210,7 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
         return
     sharded = model.sharded_state_dict()
     wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
-    try:
-        state = dist_checkpointing.load({"model": wanted}, str(src.path))["model"]
-    except Exception as exc:  # megatron raises many types for missing keys / mismatched shapes
-        raise CheckpointError(f"{src.path}: cannot load into this model ({type(exc).__name__}: {exc})") from exc
+    state = load_sharded(src.path, {"model": wanted})["model"]  # verified, pickle allow-lists, one-line errors
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (encoder_only and k.startswith("head.")) and not k.endswith("_extra_state")]
     if missing or unexpected:
