@@ -1,0 +1,385 @@
+"""``import megatron-lm`` / ``export megatron-lm``: Megatron-LM legacy BERT checkpoints <-> ours.
+
+What Megatron-LM (and NGC, for BioMegatron and Megatron BERT 345m) ships::
+
+    <dir>/latest_checkpointed_iteration.txt     "release" or an iteration number
+    <dir>/release/ or iter_NNNNNNN/             one folder per saved iteration
+        mp_rank_TT/model_optim_rng.pt           one file per tensor-parallel rank (PP 1)
+        mp_rank_TT_PPP/model_optim_rng.pt       ... and pipeline stage
+    MegatronBERT.pt, or a .zip around release/mp_rank_00/model_optim_rng.pt   (a single TP1 file)
+
+Each file holds ``model`` (see :mod:`bio_megatron.interchange.megatron_lm_state`), ``args`` (the training
+``argparse.Namespace``: shape, padded vocabulary size, activation, ...), ``checkpoint_version`` (the QKV
+layout) and ``iteration``; every file is read through :func:`~bio_megatron.interchange.safe_load.safe_torch_load`.
+
+Import reads the shape from ``args`` (and the weights where ``args`` is absent, as in the oldest files),
+refuses what the engine cannot compute exactly (CheckpointError naming the setting), merges the TP/PP shards,
+undoes the version's QKV layout, and writes a model-only checkpoint of ours (loadable at any layout).
+Export loads our checkpoint (any saved layout) at TP1 and writes ``release/mp_rank_TT/model_optim_rng.pt``
+for ``--tp`` ranks with ``checkpoint_version`` 3.0, plus the ``vocab.txt`` beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+import torch
+import yaml
+
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.interchange.megatron_lm_state import (fix_qkv, flatten, legacy_to_mcore, mcore_to_legacy_shards,
+                                                       merge_pp, merge_tp)
+from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import atomic_path, check_output_dir
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+TRACKER = "latest_checkpointed_iteration.txt"
+EXPORT_COMMAND, IMPORT_COMMAND = "export megatron-lm", "import megatron-lm"  # names in each output's marker
+_SHARD_RE = re.compile(r"(?:^|/)mp_rank_(\d{2})(?:_(\d{3}))?/model(?:_optim)?_rng\.pt$")
+__all__ = ["export_megatron_lm", "fix_qkv", "import_megatron_lm", "read_megatron_lm"]
+
+
+# --- finding and reading the shards -------------------------------------------------------------------
+def _iteration_dir(root: Path) -> Path:
+    tracker = root / TRACKER
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        if text == "release":
+            return root / "release"
+        if not text.isdigit():
+            raise CheckpointError(f"{tracker}: expected 'release' or an iteration number, found {text!r}")
+        return root / f"iter_{int(text):07d}"
+    return root
+
+
+def _shards(path: Path) -> tuple[dict[tuple[int, int], object], str]:
+    """(tp, pp) -> a file path or zip member, and a label for messages."""
+    if path.is_file() and zipfile.is_zipfile(path) and path.suffix == ".zip":
+        with zipfile.ZipFile(path) as zf:
+            found = {m: _SHARD_RE.search(m) for m in zf.namelist()}
+        found = {m: r for m, r in found.items() if r}
+        dirs = {m[: r.start()] for m, r in found.items()}
+        if len(dirs) > 1:
+            release = [d for d in dirs if d.rstrip("/").endswith("release")]
+            if len(release) != 1:
+                raise CheckpointError(f"{path}: several iterations inside ({sorted(dirs)}); unzip it and point at one")
+            found = {m: r for m, r in found.items() if m.startswith(release[0])}
+        if not found:
+            raise CheckpointError(f"{path}: no mp_rank_*/model_optim_rng.pt inside the zip")
+        return {(int(r.group(1)), int(r.group(2) or 0)): (path, m) for m, r in found.items()}, str(path)
+    if path.is_file():
+        return {(0, 0): path}, str(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such file or directory")
+    it = _iteration_dir(path)
+    out = {}
+    for f in sorted(it.glob("mp_rank_*/model*_rng.pt")):
+        r = _SHARD_RE.search(f.relative_to(it).as_posix())
+        if r:
+            out[(int(r.group(1)), int(r.group(2) or 0))] = f
+    if not out:
+        raise CheckpointError(f"{it}: no mp_rank_*/model_optim_rng.pt (expected a Megatron-LM checkpoint directory "
+                              f"with {TRACKER}, a release/ or iter_NNNNNNN/ folder, or a single .pt/.zip file)")
+    return out, str(it)
+
+
+def _load(src: object) -> dict:
+    if isinstance(src, tuple):  # (zip, member)
+        with zipfile.ZipFile(src[0]) as zf:
+            data = io.BytesIO(zf.read(src[1]))
+        return safe_torch_load(data, f"{src[0]}:{src[1]}")
+    return safe_torch_load(src)
+
+
+def _model_of(sd: dict, where: str) -> dict:
+    if "model0" in sd:
+        raise CheckpointError(f"{where}: a virtual-pipeline checkpoint (model0, model1, ...): not supported")
+    model = sd.get("model", sd if "language_model" in sd else None)
+    if not isinstance(model, dict):
+        raise CheckpointError(f"{where}: no 'model' weights (keys: {sorted(sd)[:8]})")
+    return model
+
+
+def _args_problems(a: dict, distributed: bool = False) -> list[str]:
+    """Settings of the Megatron-LM run that our BERT cannot reproduce exactly. (A distributed checkpoint
+    stores layers globally, so a virtual pipeline is no obstacle there.)"""
+    bad = []
+    if a.get("openai_gelu"):
+        bad.append("openai_gelu true (tanh-approximated GELU; the engine computes exact GELU)")
+    for key in ("swiglu", "squared_relu", "apply_layernorm_1p", "untie_embeddings_and_output_weights",
+                "apply_residual_connection_post_layernorm", "group_query_attention"):
+        if a.get(key):
+            bad.append(f"{key} true (not Megatron BERT's architecture)")
+    if a.get("position_embedding_type") not in (None, "learned_absolute") or a.get("add_position_embedding") is False:
+        bad.append(f"position_embedding_type {a.get('position_embedding_type')!r} "
+                   f"(add_position_embedding {a.get('add_position_embedding')}); only learned absolute is supported")
+    if a.get("normalization") not in (None, "LayerNorm"):
+        bad.append(f"normalization {a.get('normalization')!r} (only LayerNorm is supported)")
+    if a.get("add_bias_linear") is False:
+        bad.append("add_bias_linear false (the engine's linear layers have biases)")
+    for key in ("qk_layernorm", "multi_latent_attention", "num_experts"):
+        if a.get(key):
+            bad.append(f"{key} {a[key]} (not Megatron BERT's architecture)")
+    if not distributed and (a.get("virtual_pipeline_model_parallel_size") or 1) > 1:
+        bad.append(f"virtual_pipeline_model_parallel_size {a['virtual_pipeline_model_parallel_size']} (not supported)")
+    heads, hidden = a.get("num_attention_heads"), a.get("hidden_size")
+    if a.get("kv_channels") and heads and hidden and a["kv_channels"] != hidden // heads:
+        bad.append(f"kv_channels {a['kv_channels']} != hidden_size/num_attention_heads ({hidden // heads})")
+    tok = a.get("tokenizer_type")
+    if tok is not None and not str(tok).startswith("BertWordPiece"):
+        bad.append(f"tokenizer_type {tok!r} (only BertWordPieceCase / BertWordPieceLowerCase vocabularies are read)")
+    return bad
+
+
+def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -> dict:
+    """A Megatron-LM legacy checkpoint as ``{"state": our full TP1 state, "shape": ModelConfig fields, ...}``."""
+    path = Path(path)
+    if path.is_dir():
+        from bio_megatron.interchange.megatron_core_dist import is_dist_checkpoint, read_dist
+
+        it = _iteration_dir(path)
+        if is_dist_checkpoint(it):  # torch_dist (Megatron-LM's default --ckpt-format)
+            return read_dist(path, it, num_attention_heads)
+    shards, where = _shards(path)
+    tp, pp = max(k[0] for k in shards) + 1, max(k[1] for k in shards) + 1
+    missing = [f"mp_rank_{t:02d}" + (f"_{p:03d}" if pp > 1 else "") for t in range(tp) for p in range(pp)
+               if (t, p) not in shards]
+    if missing:
+        raise CheckpointError(f"{where}: shards {missing} are missing (found {tp} TP x {pp} PP ranks)")
+    first = _load(shards[(0, 0)])
+    a = vars(first["args"]) if isinstance(first.get("args"), argparse.Namespace) else {}
+    version = float(first.get("checkpoint_version") or 0)
+    problems = _args_problems(a)
+    if problems:
+        raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
+    saved_tp = a.get("tensor_model_parallel_size", a.get("model_parallel_size")) or tp
+    if saved_tp != tp or (a.get("pipeline_model_parallel_size") or 1) != pp:
+        raise CheckpointError(f"{where}: args say TP {saved_tp} x PP {a.get('pipeline_model_parallel_size') or 1} "
+                              f"but the folder holds {tp} x {pp} shards")
+    heads = a.get("num_attention_heads") or num_attention_heads
+    stages = []
+    for p in range(pp):
+        parts = []
+        for t in range(tp):
+            sd = first if (t, p) == (0, 0) else _load(shards[(t, p)])
+            flat = flatten(_model_of(sd, where))
+            if heads is None:  # the oldest files have no args: Megatron BERT's published shapes use 64-wide heads
+                heads = flat["language_model.embedding.word_embeddings.weight"].shape[1] // 64
+                log.warning("%s has no args: assuming %d attention heads (64 per head); pass "
+                            "--num-attention-heads if that is wrong", where, heads)
+            if heads % tp:
+                raise CheckpointError(f"{where}: num_attention_heads ({heads}) not divisible by its TP size ({tp})")
+            parts.append(legacy_to_mcore(flat, version, heads // tp, where))
+        stages.append(merge_tp(parts, where))
+    state = merge_pp(stages)
+    return {"state": state, "args": a, "version": version, "tp": tp, "pp": pp, "heads": heads, "where": where,
+            "iteration": first.get("iteration"), "shape": _shape(state, a, heads, where), "format": "legacy"}
+
+
+def _shape(state: dict, a: dict, heads: int, where: str) -> dict:
+    need = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+            "encoder.final_layernorm.weight"]
+    absent = [k for k in need if k not in state]
+    if absent:
+        raise CheckpointError(f"{where}: weights {absent} are missing (not a Megatron BERT checkpoint?)")
+    layers = 1 + max((int(k.split(".")[2]) for k in state if k.startswith("encoder.layers.")), default=-1)
+    hidden = state["embedding.word_embeddings.weight"].shape[1]
+    found = {"num_layers": layers, "hidden_size": hidden,
+             "padded_vocab_size": state["embedding.word_embeddings.weight"].shape[0],
+             "max_position_embeddings": state["embedding.position_embeddings.weight"].shape[0],
+             "ffn_hidden_size": state["encoder.layers.0.mlp.linear_fc1.weight"].shape[0] if layers else 4 * hidden}
+    wrong = [f"args.{k} {a[k]} but the weights have {v}" for k, v in found.items() if a.get(k) not in (None, v)]
+    if hidden % heads:
+        wrong.append(f"hidden_size ({hidden}) not divisible by num_attention_heads ({heads})")
+    if wrong:
+        raise CheckpointError(f"{where}: inconsistent checkpoint: " + "; ".join(wrong))
+    tokentypes = state.get("embedding.tokentype_embeddings.weight")
+    return {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "ffn_hidden_size": found["ffn_hidden_size"], "max_position_embeddings": found["max_position_embeddings"],
+            "num_tokentypes": tokentypes.shape[0] if tokentypes is not None else 2,
+            # Megatron-LM's default epsilon (1e-5) applies to files whose args do not say (norm_epsilon since 2023)
+            "layernorm_epsilon": float(a.get("norm_epsilon") or a.get("layernorm_epsilon") or 1e-5)}
+
+
+# --- import -------------------------------------------------------------------------------------------
+def _vocab_for(path: Path, vocab: str | Path | None) -> Path:
+    if vocab is not None:
+        if not Path(vocab).is_file():
+            raise CheckpointError(f"{vocab}: vocabulary file not found")
+        return Path(vocab)
+    for d in ((path, _iteration_dir(path)) if path.is_dir() else (path.parent,)):
+        if (d / "vocab.txt").is_file():
+            return d / "vocab.txt"
+    raise CheckpointError(f"{path}: Megatron-LM checkpoints carry no vocabulary; pass --vocab FILE "
+                          "(the vocab.txt the model was trained with)")
+
+
+def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Path | None = None,
+                       num_attention_heads: int | None = None, overwrite: bool = False,
+                       verify: bool = False, tolerance: float | None = None) -> dict:
+    """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from Megatron-LM's
+    (legacy or torch_dist). ``out`` must be absent or empty, or (``overwrite``) an earlier ``import megatron-lm``
+    output. ``verify``: the converted source weights run by transformers' ``MegatronBertForPreTraining`` vs
+    the written checkpoint on a padded batch; the result's ``verify`` holds the max absolute logit difference."""
+    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
+    from bio_megatron.models.bert import build_model
+    from bio_megatron.models.init import init_weights
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.tasks.model import load_full_state
+    from bio_megatron.training import checkpoint as ckpt
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before reading gigabytes
+    src = read_megatron_lm(checkpoint, num_attention_heads)
+    a, state, where = src["args"], src["state"], src["where"]
+    vocab_file = _vocab_for(Path(checkpoint), vocab)
+    lower = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}.get(a.get("tokenizer_type"))
+    tok = WordPieceTokenizer(vocab_file, lower)
+    rows = state["embedding.word_embeddings.weight"].shape[0]
+    divisible = int(a.get("make_vocab_size_divisible_by") or 128)
+    expected = padded_vocab_size(tok.vocab_size, divisible, src["tp"])
+    if rows != expected:
+        raise CheckpointError(f"{where}: the embedding has {rows} rows, but {vocab_file} has {tok.vocab_size} "
+                              f"entries, which Megatron pads to {expected} (multiple of {divisible} x TP {src['tp']}): "
+                              "wrong vocabulary file?")
+    binary = "binary_head.weight" in state
+    if binary != ("pooler.dense.weight" in state):  # Megatron-LM builds the pooler exactly with the binary head
+        raise CheckpointError(f"{where}: a binary head without a pooler (or the reverse): not Megatron-LM's BERT")
+    single_process()
+    m = ModelConfig(**src["shape"], bert_binary_head=binary, transformer_impl="local",
+                    make_vocab_size_divisible_by=divisible, encoder_seq_length=src["shape"]["max_position_embeddings"])
+    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+    full = {k: (v[: tok.vocab_size] if k in ("embedding.word_embeddings.weight", "output_layer.bias") else v)
+            for k, v in state.items()}
+    if "embedding.tokentype_embeddings.weight" not in full:  # trained without token types: zeros add nothing
+        full["embedding.tokentype_embeddings.weight"] = torch.zeros(2, m.shape().hidden_size)
+    if "lm_head.dense.weight" not in full:  # an encoder-only file: fine-tuning uses the encoder alone
+        log.warning("%s has no LM head: the imported LM head is freshly initialised", where)
+        init_weights(model, 0, m.init_method_std, m.shape().num_layers)
+        own = model.state_dict()
+        full.update({k: own[k] for k in own if k.startswith(("lm_head.", "output_layer.")) and torch.is_tensor(own[k])})
+    load_full_state(model, full)
+    reference = None
+    if verify:  # built from the source's weights before our engine saved (and reloads) them
+        from bio_megatron.interchange.verify import hf_reference
+
+        reference = hf_reference(full, m.shape(), tok.vocab_size, binary_head=binary,
+                                 layernorm_epsilon=m.layernorm_epsilon,
+                                 max_position_embeddings=m.max_position_embeddings,
+                                 num_tokentypes=full["embedding.tokentype_embeddings.weight"].shape[0])
+    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
+    padded = padded_vocab_size(tok.vocab_size, divisible, 1)
+    info = {"format": src["format"], "checkpoint_version": src["version"], "tp": src["tp"], "pp": src["pp"],
+            "iteration": src["iteration"]}
+    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+        ckpt.save_model_checkpoint(
+            tmp, model, PretrainConfig(model=m), vocab_file,
+            {"imported_from": str(checkpoint), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
+             "task": None, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "megatron_lm": info})
+    log.info("imported %s (Megatron-LM, version %s, TP %d x PP %d) -> %s", where, src["version"], src["tp"],
+             src["pp"], out)
+    result = {"out": str(out), "binary_head": binary, "vocab_size": tok.vocab_size, **info,
+              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    if reference is not None:
+        from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+
+        result["verify"] = verify_import(reference, out, tolerance=tolerance or FP32_TOLERANCE,
+                                         source=f"{where} via transformers MegatronBertForPreTraining")
+    return result
+
+
+# --- export -------------------------------------------------------------------------------------------
+def load_ours(checkpoint: str | Path):
+    """Our pretraining checkpoint (any saved layout) as a TP1 model: (model, ModelConfig, tokenizer, Source)."""
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.models.bert import build_model
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.training.checkpoint import load_checkpoint
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    single_process()
+    src = resolve_source(checkpoint)
+    if src.kind != "checkpoint":
+        raise CheckpointError(f"{checkpoint}: a Hugging Face folder; import it first (bio-megatron import hf)")
+    if src.task is not None:
+        raise CheckpointError(f"{src.path}: a fine-tuned ({src.task}) checkpoint; Megatron-LM's BERT holds the "
+                              "pretraining heads only: export the pretraining checkpoint, or use export hf")
+    raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
+    m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
+                    attention_dropout=0.0, transformer_impl="local")
+    if m.transformer_block_type != "pre_ln":
+        raise CheckpointError(f"{src.path}: a post-LN (original BERT) model; Megatron-LM's BERT is pre-LN")
+    tok = WordPieceTokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
+    divisible = m.make_vocab_size_divisible_by
+    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
+        m.make_vocab_size_divisible_by = int(src.padded_vocab)
+    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True).eval()
+    load_checkpoint(src.path, model, model_only=True)
+    m.make_vocab_size_divisible_by = divisible
+    return model, m, tok, src
+
+
+def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Namespace:
+    """The fields Megatron-LM's ``load_args_from_checkpoint`` and transformers' converter read."""
+    shape = m.shape()
+    return argparse.Namespace(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size, ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_attention_heads, kv_channels=shape.hidden_size // shape.num_attention_heads,
+        num_query_groups=None, group_query_attention=False, seq_length=m.encoder_seq_length,
+        encoder_seq_length=m.encoder_seq_length, max_position_embeddings=m.max_position_embeddings,
+        position_embedding_type="learned_absolute", add_position_embedding=True,
+        use_rotary_position_embeddings=False, rotary_percent=1.0, rotary_interleaved=False,
+        add_bias_linear=True, add_qkv_bias=True, swiglu=False, openai_gelu=False, onnx_safe=None,
+        untie_embeddings_and_output_weights=False, apply_layernorm_1p=False, normalization="LayerNorm",
+        layernorm_epsilon=m.layernorm_epsilon, apply_residual_connection_post_layernorm=False,
+        apply_query_key_layer_scaling=False, bert_binary_head=m.bert_binary_head,
+        tokenizer_type="BertWordPieceLowerCase" if tok.lowercase else "BertWordPieceCase",
+        make_vocab_size_divisible_by=m.make_vocab_size_divisible_by, padded_vocab_size=padded,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
+        num_layers_per_virtual_pipeline_stage=None, model_parallel_size=tp, world_size=tp, data_parallel_size=1,
+        hidden_dropout=0.1, attention_dropout=0.1, fp16=False, bf16=False, params_dtype=torch.float32,
+        iteration=iteration, consumed_train_samples=0, consumed_valid_samples=0, no_save_optim=True,
+        no_save_rng=True)
+
+
+def export_megatron_lm(checkpoint: str | Path, out: str | Path, tp: int = 1, overwrite: bool = False) -> dict:
+    """Write ``out/release/mp_rank_TT/model_optim_rng.pt`` (TP ``tp``) from our pretraining checkpoint.
+    ``out`` must be absent or empty, or (``overwrite``) an earlier ``export megatron-lm`` output."""
+    from bio_megatron.models.hf_convert import _normalise
+
+    check_output_dir(out, EXPORT_COMMAND, overwrite)
+    model, m, tok, src = load_ours(checkpoint)
+    shape = m.shape()
+    if tp < 1 or shape.num_attention_heads % tp or shape.ffn_hidden_size % tp:
+        raise CheckpointError(f"--tp {tp}: must divide num_attention_heads ({shape.num_attention_heads}) and "
+                              f"ffn_hidden_size ({shape.ffn_hidden_size})")
+    full = _normalise(model.state_dict())
+    padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, tp)
+    for key in ("embedding.word_embeddings.weight", "output_layer.bias"):
+        t = full[key]
+        if t.shape[0] != padded:  # Megatron-LM expects its own padding for this TP size; the extra rows are unused
+            grown = t.new_zeros((padded,) + tuple(t.shape[1:]))
+            grown[: tok.vocab_size] = t[: tok.vocab_size]
+            full[key] = grown
+    iteration = int(json.loads((src.path / "bio_megatron.json").read_text()).get("iteration") or 0)
+    args = _megatron_args(m, tok, tp, padded, iteration)
+    with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
+        for rank, model_sd in enumerate(mcore_to_legacy_shards(full, tp)):
+            shard = tmp / "release" / f"mp_rank_{rank:02d}"
+            shard.mkdir(parents=True)
+            torch.save({"model": model_sd, "args": args, "checkpoint_version": 3.0, "iteration": iteration},
+                       shard / "model_optim_rng.pt")
+        (tmp / TRACKER).write_text("release\n")
+        shutil.copyfile(tok.vocab_file, tmp / "vocab.txt")
+    log.info("exported %s -> %s (Megatron-LM legacy, TP %d, checkpoint_version 3.0)", src.path, out, tp)
+    return {"out": str(out), "tp": tp, "checkpoint_version": 3.0, "binary_head": m.bert_binary_head,
+            "padded_vocab_size": padded, "vocab_size": tok.vocab_size, "iteration": iteration}

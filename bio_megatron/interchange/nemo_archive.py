@@ -1,0 +1,154 @@
+"""Reading and writing the ``.nemo`` container itself: a tar of ``model_config.yaml``, the weights and the
+artifacts (NeMo 2.4 ``SaveRestoreConnector``: ``tarfile.open(path, "w:")`` with ``arcname="."``; NeMo 1.x
+wrote ``w:gz``). Artifacts are stored as ``<uuid hex>_<name>`` and the config refers to them as ``nemo:<that>``.
+
+Weight layouts NeMo writes (``NLPSaveRestoreConnector.save_to``, ``inject_model_parallel_rank``)::
+
+    model_weights.ckpt                               TP1 x PP1
+    mp_rank_TT/model_weights.ckpt                    TP > 1, PP 1
+    tp_rank_TT_pp_rank_PPP/model_weights.ckpt        PP > 1
+    model_weights/                                   dist-checkpointing (``mcore_bert: true``)
+
+Extraction happens only inside a temporary folder, and only after every member name has been checked:
+no absolute names, no ``..``, no links or devices (tarfile's ``data`` filter applies as well).
+"""
+
+from __future__ import annotations
+
+import re
+import tarfile
+import tempfile
+import uuid
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Iterator
+
+import torch
+
+from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.utils.errors import CheckpointError
+
+CONFIG, WEIGHTS = "model_config.yaml", "model_weights.ckpt"
+_SHARD = re.compile(r"^(?:mp_rank_(\d{2})|tp_rank_(\d{2})_pp_rank_(\d{3}))/model_weights\.ckpt$")
+
+
+def _checked_members(tf: tarfile.TarFile, where: str) -> list[tarfile.TarInfo]:
+    members = []
+    for m in tf.getmembers():
+        name = PurePosixPath(m.name)
+        if name.is_absolute() or ".." in name.parts:
+            raise CheckpointError(f"{where}: refusing archive member {m.name!r} (absolute path or '..')")
+        if not (m.isfile() or m.isdir()):
+            raise CheckpointError(f"{where}: refusing archive member {m.name!r} (a link or special file)")
+        members.append(m)
+    return members
+
+
+@contextmanager
+def extracted(path: str | Path) -> Iterator[Path]:
+    """The archive unpacked into a temporary folder (removed afterwards)."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such file (expected a .nemo archive)")
+    try:
+        tf = tarfile.open(path, "r:*")
+    except (tarfile.TarError, OSError) as exc:
+        raise CheckpointError(f"{path}: not a .nemo archive (a tar file): {exc}") from None
+    with tf, tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_") as tmp:
+        members = _checked_members(tf, str(path))
+        try:
+            tf.extractall(tmp, members=members, filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise CheckpointError(f"{path}: cannot unpack ({exc})") from None
+        yield Path(tmp)
+
+
+def artifact(root: Path, ref: object, where: str) -> Path | None:
+    """The file a config value names: ``nemo:<name>`` inside the archive, else a bare name found in it."""
+    if not isinstance(ref, str) or not ref:
+        return None
+    name = ref.split("nemo:", 1)[1] if ref.startswith("nemo:") else PurePosixPath(ref).name
+    found = root / name
+    if not found.is_file() or PurePosixPath(name).name != name:
+        if ref.startswith("nemo:"):
+            raise CheckpointError(f"{where}: model_config.yaml names {ref!r}, which the archive does not hold")
+        return None
+    return found
+
+
+def find_artifact(root: Path, suffix: str) -> Path | None:
+    """An artifact by its original name (``<hash>_vocab.txt`` or ``vocab.txt``), when the config names none."""
+    hits = sorted(p for p in root.iterdir() if p.is_file() and (p.name == suffix or p.name.endswith("_" + suffix)))
+    return hits[0] if len(hits) == 1 else None
+
+
+def weight_files(root: Path, where: str) -> tuple[str, dict[tuple[int, int], Path] | Path]:
+    """("legacy", {(tp, pp): file}) or ("dist", folder) for the layouts in the module docstring."""
+    if (root / WEIGHTS).is_file():
+        return "legacy", {(0, 0): root / WEIGHTS}
+    if (root / "model_weights").is_dir():
+        return "dist", root / "model_weights"
+    shards = {}
+    for f in root.glob("*/" + WEIGHTS):
+        m = _SHARD.match(f.relative_to(root).as_posix())
+        if m:
+            shards[(int(m.group(1) or m.group(2)), int(m.group(3) or 0))] = f
+    if not shards:
+        raise CheckpointError(f"{where}: no weights ({WEIGHTS}, mp_rank_TT/{WEIGHTS}, tp_rank_TT_pp_rank_PPP/"
+                              f"{WEIGHTS} or a model_weights/ folder)")
+    return "legacy", shards
+
+
+def load_state(file: Path, where: str) -> dict:
+    """One ``model_weights.ckpt`` (a plain state dict, or a Lightning checkpoint's ``state_dict``)."""
+    sd = safe_torch_load(file, f"{where}:{file.parent.name + '/' if file.parent.name.startswith(('mp_', 'tp_')) else ''}"
+                                f"{file.name}")
+    if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+        sd = sd["state_dict"]
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"{where}: {file.name} holds {type(sd).__name__}, not a state dict")
+    return sd
+
+
+def load_dist(folder: Path, where: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a dist-checkpointing folder, whole (one process), with the pickle allow-lists on."""
+    from megatron.core import dist_checkpointing
+
+    from bio_megatron.training.integrity import restricted_loading
+
+    try:
+        with restricted_loading():
+            return dist_checkpointing.load_plain_tensors(str(folder))
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise CheckpointError(f"{where}: cannot read model_weights/ ({first[:200]})") from None
+
+
+def save_dist(tensors: dict[str, torch.Tensor], folder: Path) -> None:
+    """Whole tensors as a torch_dist checkpoint (what NeMo writes for ``mcore_bert``), from one process."""
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+    from bio_megatron.training.checkpoint import _in_process_write_queue, shutdown_writer
+
+    sharded = {k: ShardedTensor.from_rank_offsets(k, v, replica_id=0) for k, v in tensors.items()}
+    folder.mkdir(parents=True)
+    _in_process_write_queue()
+    try:
+        strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
+        dist_checkpointing.save(sharded, str(folder), sharded_strategy=strategy)
+    finally:
+        shutdown_writer()
+
+
+def unique_name(name: str) -> str:
+    """NeMo's artifact naming: ``<uuid4 hex>_<basename>``."""
+    return f"{uuid.uuid4().hex}_{name}"
+
+
+def write_tar(src: Path, out: Path) -> None:
+    """``src``'s files as a ``.nemo`` (uncompressed tar, members under ``./`` as NeMo 2.4 writes them)."""
+    with tarfile.open(out, "w:") as tar:
+        tar.add(str(src), arcname=".")

@@ -1,0 +1,198 @@
+"""Our side of ``import nemo`` / ``export nemo``: build and save a checkpoint from a read archive, load a
+checkpoint for export, and write NeMo's ``model_config.yaml`` (key names of NeMo 2.4's
+``megatron_bert_config.yaml`` and of the task models' configs, as ``MegatronBertModel.model_provider_func``
+and the task models' ``__init__`` read them)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import torch
+
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import atomic_path
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+_ENCODER = ("embedding.", "encoder.")
+
+
+def _apply_settings(m, settings: dict) -> None:
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                setattr(getattr(m, key), k, v)
+        else:
+            setattr(m, key, value)
+
+
+def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) -> None:
+    """Our model filled with ``src`` (from :func:`~bio_megatron.interchange.nemo.read_nemo`), saved to ``out``."""
+    from bio_megatron.config.finetune import CONFIG_CLASSES
+    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
+    from bio_megatron.models.bert import build_model
+    from bio_megatron.models.init import init_weights
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.tasks.heads import build_head
+    from bio_megatron.tasks.model import build_task_model, load_full_state
+    from bio_megatron.training import checkpoint as ckpt
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    single_process()
+    where, state, shape, task = src["where"], src["state"], src["shape"], src["task"]
+    with tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_vocab_") as scratch:
+        vocab_file = Path(scratch) / "vocab.txt"
+        vocab_file.write_text(src["vocab_text"], encoding="utf-8")
+        tok = WordPieceTokenizer(vocab_file, src["lower"])
+        rows, divisible = state["embedding.word_embeddings.weight"].shape[0], src["divisible"]
+        expected = padded_vocab_size(tok.vocab_size, divisible, src["tp"])
+        if rows < tok.vocab_size or (src["layout"] == "legacy" and rows != expected):
+            raise CheckpointError(f"{where}: the embedding has {rows} rows, but the vocabulary has {tok.vocab_size} "
+                                  f"entries, which NeMo pads to {expected} (multiple of {divisible} x TP {src['tp']})")
+        full = {k: (v[: tok.vocab_size] if k in ("embedding.word_embeddings.weight", "output_layer.bias") else v)
+                for k, v in state.items()}
+        if "embedding.tokentype_embeddings.weight" not in full:  # NeMo without binary head has none: zeros add nothing
+            full["embedding.tokentype_embeddings.weight"] = torch.zeros(2, shape["hidden_size"])
+        binary = "binary_head.weight" in full
+        if task is None:
+            if not binary and "pooler.dense.weight" in full:  # NeMo's add_pooler default; unused without the head
+                full = {k: v for k, v in full.items() if not k.startswith("pooler.")}
+            m = ModelConfig(**shape, bert_binary_head=binary, transformer_impl="local",
+                            make_vocab_size_divisible_by=divisible, encoder_seq_length=shape["max_position_embeddings"])
+            cfg = PretrainConfig(model=m)
+            model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+            if "lm_head.dense.weight" not in full:  # an encoder-only archive: fine-tuning uses the encoder alone
+                log.warning("%s has no LM head: the imported LM head is freshly initialised", where)
+                init_weights(model, 0, m.init_method_std, m.shape().num_layers)
+                own = model.state_dict()
+                full.update({k: own[k] for k in own if k.startswith(("lm_head.", "output_layer.")) and
+                             torch.is_tensor(own[k])})
+            padded = padded_vocab_size(tok.vocab_size, divisible, 1)
+        else:
+            cfg = CONFIG_CLASSES[task]()
+            m = cfg.model
+            for k, v in shape.items():
+                setattr(m, k, v)
+            m.transformer_impl, m.make_vocab_size_divisible_by = "local", divisible
+            _apply_settings(m, src["settings"])
+            padded = padded_vocab_size(tok.vocab_size, divisible, 1)
+            head = build_head(task, m, shape["hidden_size"], len(src["labels"]) if src["labels"] else 2)
+            model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
+            full = {**{k: v for k, v in full.items() if k.startswith(_ENCODER)}, **src["head"]}
+        load_full_state(model, full)
+        m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
+        labels = src["labels"]
+        with atomic_path(out, command=command, overwrite=overwrite) as tmp:
+            ckpt.save_model_checkpoint(
+                tmp, model, cfg, vocab_file,
+                {"imported_from": where, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
+                 "task": task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": labels,
+                 "nemo": {"tp": src["tp"], "pp": src["pp"], "layout": src["layout"],
+                          "target": src["cfg"].get("target")}},
+                files={"label_ids.csv": "\n".join(labels) + "\n"} if labels else None)
+
+
+def load_for_export(checkpoint: str | Path) -> dict:
+    """Our checkpoint (any saved layout) at TP1: full state (our local names), head, shape and settings."""
+    from bio_megatron.interchange.megatron_lm import load_ours
+    from bio_megatron.models.hf_convert import _normalise
+    from bio_megatron.predict.common import load_finetuned, single_process
+    from bio_megatron.tasks.model import resolve_source
+
+    single_process()
+    src = resolve_source(checkpoint)
+    if src.kind != "checkpoint":
+        raise CheckpointError(f"{checkpoint}: a Hugging Face folder; import it first (bio-megatron import hf)")
+    if src.task is None:
+        model, m, tok, src = load_ours(checkpoint)  # refuses post-LN: NeMo's post_ln block is another model
+        state, head, settings = _normalise(model.state_dict()), {}, {}
+    else:
+        loaded = load_finetuned(src.path)
+        m, tok = loaded.cfg.model, loaded.tokenizer
+        if m.transformer_block_type != "pre_ln":
+            raise CheckpointError(f"{src.path}: a post-LN (original BERT) model; NeMo's Megatron BERT is pre-LN")
+        state = _normalise(loaded.model.state_dict())
+        head = {k: v for k, v in state.items() if k.startswith("head.")}
+        state = {k: v for k, v in state.items() if not k.startswith("head.")}
+        h = m.classifier_head if src.task == "re" else m.head
+        settings = {k: getattr(h, k) for k in ("num_fc_layers", "num_output_layers", "fc_dropout", "activation",
+                                                 "use_transformer_init") if hasattr(h, k)}
+    return {"state": state, "head": head, "settings": settings, "task": src.task, "labels": src.labels,
+            "shape": m.shape(), "m": m, "vocab_size": tok.vocab_size, "lower": tok.lowercase,
+            "vocab_text": Path(tok.vocab_file).read_text(encoding="utf-8"), "divisible": m.make_vocab_size_divisible_by,
+            "binary_head": bool(getattr(m, "bert_binary_head", False)) and "binary_head.weight" in state,
+            "path": str(src.path)}
+
+
+def _bert_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, binary: bool) -> dict:
+    """A ``MegatronBertModel`` config (NeMo 2.4's ``megatron_bert_config.yaml`` names)."""
+    s, m = ours["shape"], ours["m"]
+    return {
+        "mcore_bert": mcore, "micro_batch_size": 4, "global_batch_size": 8 * tp * pp,
+        "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+        "virtual_pipeline_model_parallel_size": None,
+        "encoder_seq_length": m.max_position_embeddings, "max_position_embeddings": m.max_position_embeddings,
+        "position_embedding_type": "learned_absolute", "num_layers": s.num_layers, "hidden_size": s.hidden_size,
+        "ffn_hidden_size": s.ffn_hidden_size, "num_attention_heads": s.num_attention_heads,
+        "init_method_std": m.init_method_std, "hidden_dropout": 0.1, "attention_dropout": 0.1, "kv_channels": None,
+        "apply_query_key_layer_scaling": False, "layernorm_epsilon": m.layernorm_epsilon,
+        "make_vocab_size_divisible_by": ours["divisible"], "pre_process": True, "post_process": True,
+        "bert_binary_head": binary, "add_pooler": binary, "megatron_legacy": False,
+        "transformer_block_type": "pre_ln", "normalization": "layernorm", "activation": "gelu",
+        "openai_gelu": False, "onnx_safe": False, "bias_gelu_fusion": True, "bias_dropout_add_fusion": True,
+        "masked_softmax_fusion": True, "share_embeddings_and_output_weights": True,
+        "tokenizer": {"library": "megatron",
+                      "type": "BertWordPieceLowerCase" if ours["lower"] else "BertWordPieceCase",
+                      "model": None, "vocab_file": vocab_ref, "merge_file": None},
+        "native_amp_init_scale": 4294967296, "native_amp_growth_interval": 1000, "fp32_residual_connection": False,
+        "fp16_lm_cross_entropy": False, "megatron_amp_O2": False, "grad_allreduce_chunk_size_mb": 125,
+        "grad_div_ar_fusion": False, "seed": 1234, "use_cpu_initialization": False,
+        "gradient_as_bucket_view": True, "sequence_parallel": False, "precision": 32,
+        "data": {"data_prefix": [], "index_mapping_dir": None, "data_impl": "mmap", "splits_string": "949,50,1",
+                 "seq_length": m.max_position_embeddings, "skip_warmup": True, "num_workers": 0,
+                 "dataloader_type": "single", "reset_position_ids": False, "reset_attention_mask": False,
+                 "eod_mask_loss": False, "masked_lm_prob": 0.15, "short_seq_prob": 0.1},
+        "optim": {"name": "fused_adam", "lr": 2e-4, "weight_decay": 0.01, "betas": [0.9, 0.98],
+                  "sched": {"name": "CosineAnnealing", "warmup_steps": 500, "constant_steps": 50000, "min_lr": 2e-5}},
+    }
+
+
+def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, labels_ref: str | None) -> dict:
+    """``model_config.yaml`` for a pretraining model (MegatronBertModel) or a task model around one."""
+    from bio_megatron.interchange.nemo import TARGETS
+
+    task = ours["task"]
+    if task is None:
+        cfg = _bert_config(ours, tp, pp, mcore, vocab_ref, ours["binary_head"])
+        return {**cfg, "target": TARGETS[None], "nemo_version": "2.4.0"}
+    # The encoder keeps its token-type table, which NeMo builds only together with the binary head.
+    encoder = _bert_config(ours, tp, pp, mcore, vocab_ref, True)
+    s = ours["settings"]
+    cfg = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+           "tokenizer": {"tokenizer_name": "megatron-bert-uncased" if ours["lower"] else "megatron-bert-cased",
+                         "vocab_file": vocab_ref, "tokenizer_model": None, "special_tokens": None},
+           "language_model": {"pretrained_model_name": "megatron-bert-345m-uncased", "lm_checkpoint": None,
+                              "config_file": None, "config": encoder, "do_lower_case": ours["lower"]}}
+    fc_hidden = getattr(ours["m"], "fc_hidden_size", None)
+    if fc_hidden not in (None, ours["shape"].hidden_size):
+        log.warning("fc_hidden_size %s: NeMo's heads are as wide as the encoder; NeMo cannot rebuild this head",
+                    fc_hidden)
+    if task == "re":
+        cfg["classifier_head"] = {"num_output_layers": s["num_output_layers"], "fc_dropout": s["fc_dropout"],
+                                  "activation": s["activation"], "use_transformer_init": s["use_transformer_init"]}
+        cfg["dataset"] = {"num_classes": len(ours["labels"] or [])}
+    elif task == "qa":
+        cfg["token_classifier"] = {"num_layers": s["num_fc_layers"], "dropout": s["fc_dropout"],
+                                   "activation": s["activation"], "log_softmax": False,
+                                   "use_transformer_init": s["use_transformer_init"]}
+    else:
+        cfg["head"] = {k: s[k] for k in ("num_fc_layers", "fc_dropout", "activation", "use_transformer_init")}
+    if ours["labels"]:
+        cfg["label_ids"] = {label: i for i, label in enumerate(ours["labels"])}
+        cfg["class_labels"] = {"class_labels_file": labels_ref}
+    return {**cfg, "target": TARGETS[task], "nemo_version": "2.4.0"}
+
+
+__all__ = ["build_and_save", "load_for_export", "nemo_config"]
