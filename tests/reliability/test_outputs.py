@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from reliability.readonly import read_only_dir
+
 from bio_megatron.cli import main
 from bio_megatron.utils.io import OUTPUT_MARKER
 from bio_megatron.utils.log import setup_logging
@@ -283,20 +285,14 @@ def test_predict_out_under_a_file_exits_2(tmp_path):
     assert blocker.read_text() == "a file, not a folder\n"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
 def test_predict_out_in_a_read_only_folder_exits_2(tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("Naloxone reverses clonidine.\n")
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o555)
-    try:
+    with read_only_dir(tmp_path / "ro") as ro:
         rc, msg = _run(["predict", "ner", "--checkpoint", str(tmp_path / "nope"), "--input", str(inp),
                         "--out", str(ro / "pred.jsonl")])
-    finally:
-        ro.chmod(0o755)
+        assert list(ro.iterdir()) == []
     assert rc == 2 and "not writable" in msg, msg
-    assert list(ro.iterdir()) == []
 
 
 def test_vocab_train_output_a_folder_exits_2(user_dir, tmp_path):
