@@ -9,6 +9,7 @@ from pathlib import Path
 from bio_megatron.utils.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+NEMO_FILES = {"ner": "token_classification_config.yaml", "re": "text_classification_config.yaml", "qa": "qa_conf.yaml"}
 
 
 def find_task_recipe(task: str, path: str) -> Path:
@@ -43,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         t.epilog = ("exit codes: 0 finished (results.json written); 2 bad configuration or input, or the experiment "
                     "directory is in use by another run; 3 stopped because the loss or gradients stayed NaN/Inf "
                     "(no results.json)")
-        t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name)")
+        t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name), or NeMo's "
+                       f"{NEMO_FILES[task]} as it is (its keys are mapped; docs/INTERCHANGE.md)")
         t.add_argument("overrides", nargs="*", help="key=value, e.g. model.restore_from_path=runs/x/checkpoints")
         t.add_argument("--seeds", help="comma-separated seeds: one run each, then mean/median/spread")
         t.add_argument("--grid", action="store_true",

@@ -31,8 +31,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("pretrain", help="pretrain Megatron BERT (single process, torchrun or srun)",
                        description="Pretrain Megatron BERT from a NeMo-style recipe with key=value overrides.",
                        epilog=EXIT_CODES)
-    p.add_argument("--config", required=True, help="recipe YAML, e.g. nemo_configs/pretrain/biomegatron_345m.yaml")
-    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. trainer.max_steps=100")
+    p.add_argument("--config", required=True, help="recipe YAML, e.g. nemo_configs/pretrain/biomegatron_345m.yaml, or NeMo's own "
+                   "megatron_bert_config.yaml as it is (its keys are mapped; docs/INTERCHANGE.md)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotlist; +key=value adds, ~key deletes), "
+                   "e.g. trainer.max_steps=100")
     p.add_argument("--dry-run", action="store_true",
                    help="validate, print the resolved config and exact parameter count, and exit")
     p.set_defaults(func=run_pretrain)

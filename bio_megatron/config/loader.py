@@ -62,8 +62,7 @@ def load_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> DictConfig:
     raw = _load_file(path)
     bases = raw.pop("defaults", None) or []
     if isinstance(bases, str) or not all(isinstance(b, str) for b in bases):
-        raise ConfigError(f"{path}: 'defaults' must be a list of sibling file names, got {OmegaConf.to_object(bases)!r}"
-                          if not isinstance(bases, str) else f"{path}: 'defaults' must be a list, e.g. [_base]")
+        raise ConfigError(f"{path}: 'defaults' must be a list of sibling file names, e.g. [_base]")
     merged = OmegaConf.create({})
     for base in bases:
         base_path = path.parent / (base if str(base).endswith(".yaml") else f"{base}.yaml")
@@ -148,7 +147,7 @@ def load_document(path: str | Path | None, overrides: list[str], task: str,
         node = OmegaConf.select(cfg, parent) if parent else cfg
         if not isinstance(node, DictConfig) or leaf not in node:
             raise ConfigError(f"override '~{key}': no such key to delete", "command line")
-        node.pop(leaf)
+        del node[leaf]  # (pop would resolve the value it returns)
     doc = _resolve(cfg, source)
     out, problems, ignored = nemo_compat.translate(doc, task, cli_keys, world_size)
     if problems:

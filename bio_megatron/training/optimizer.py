@@ -32,13 +32,29 @@ def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
     return 0
 
 
+class SquareRootAnnealing(OptimizerParamScheduler):
+    """NeMo's SquareRootAnnealing after warmup: max(lr * sqrt((max_steps - step) / max_steps), min_lr), with
+    step and max_steps counted from 0 (NeMo does not subtract the warmup here); megatron's warmup before."""
+
+    def get_lr(self, param_group: dict) -> float:
+        if self.lr_warmup_steps > 0 and self.num_steps <= self.lr_warmup_steps:
+            return super().get_lr(param_group)
+        max_lr = param_group.get("max_lr", self.max_lr)
+        min_lr = param_group.get("min_lr", self.min_lr)
+        left = max(self.lr_decay_steps - self.num_steps, 0)
+        return max(max_lr * (left / self.lr_decay_steps) ** 0.5, min_lr)
+
+
 def build_scheduler(optimizer, optim: OptimConfig, max_steps: int) -> OptimizerParamScheduler:
     s = optim.sched
-    style = {"CosineAnnealing": "cosine", "cosine": "cosine", "linear": "linear", "constant": "constant"}[s.name]
+    # NeMo's WarmupAnnealing is a linear decay to min_lr at max_steps; SquareRootAnnealing overrides get_lr.
+    style = {"CosineAnnealing": "cosine", "cosine": "cosine", "linear": "linear", "constant": "constant",
+             "WarmupAnnealing": "linear", "SquareRootAnnealing": "linear"}[s.name]
     warm = warmup_steps(optim, max_steps)
-    decay = s.decay_steps if s.decay_steps is not None else max_steps
+    decay = s.decay_steps if s.decay_steps is not None else max_steps - (s.constant_steps or 0)
     # megatron counts decay steps from 0 including warmup; keep decay >= warmup so the schedule is defined.
-    return OptimizerParamScheduler(
+    cls = SquareRootAnnealing if s.name == "SquareRootAnnealing" else OptimizerParamScheduler
+    return cls(
         optimizer, init_lr=0.0 if warm else optim.lr, max_lr=optim.lr, min_lr=s.min_lr,
         lr_warmup_steps=warm, lr_decay_steps=max(decay, warm + 1), lr_decay_style=style,
         start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=max(1, max_steps),
