@@ -84,7 +84,8 @@ def _problems(cfg: dict) -> list[str]:
         value = _setting(cfg, key)
         if value is not None and str(value).lower() != ok:
             bad.append(f"{key} {value!r} (expected {ok!r}{'; ' + why if why else ''})")
-    for key in ("openai_gelu", "onnx_safe", "apply_residual_connection_post_layernorm", "layernorm_zero_centered_gamma"):
+    for key in ("openai_gelu", "onnx_safe", "apply_residual_connection_post_layernorm",
+                "layernorm_zero_centered_gamma"):
         if _setting(cfg, key):
             bad.append(f"{key} true (tanh/erf-approximated GELU or another BERT variant)")
     if _setting(cfg, "bias", True) is False:
@@ -112,8 +113,12 @@ def _vocab(root: Path, cfg: dict, where: str) -> tuple[Path, bool | None]:
         raise CheckpointError(f"{where}: no WordPiece vocabulary inside (tokenizer.vocab_file "
                               f"{tok.get('vocab_file')!r}); only BERT WordPiece tokenizers are read")
     kind = " ".join(str(tok.get(k) or "") for k in ("type", "tokenizer_name")).lower()
-    lower = True if ("lowercase" in kind or "uncased" in kind) else False if ("case" in kind or "cased" in kind) \
-        else tok.get("do_lower_case", _setting(cfg, "do_lower_case"))
+    if "lowercase" in kind or "uncased" in kind:
+        lower = True
+    elif "case" in kind:  # BertWordPieceCase, megatron-bert-cased
+        lower = False
+    else:
+        lower = tok.get("do_lower_case", _setting(cfg, "do_lower_case"))
     return vocab, lower
 
 

@@ -101,8 +101,8 @@ def weight_files(root: Path, where: str) -> tuple[str, dict[tuple[int, int], Pat
 
 def load_state(file: Path, where: str) -> dict:
     """One ``model_weights.ckpt`` (a plain state dict, or a Lightning checkpoint's ``state_dict``)."""
-    sd = safe_torch_load(file, f"{where}:{file.parent.name + '/' if file.parent.name.startswith(('mp_', 'tp_')) else ''}"
-                                f"{file.name}")
+    sub = file.parent.name + "/" if file.parent.name.startswith(("mp_", "tp_")) else ""
+    sd = safe_torch_load(file, f"{where}:{sub}{file.name}")
     if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
         sd = sd["state_dict"]
     if not isinstance(sd, dict):
@@ -116,9 +116,20 @@ def load_dist(folder: Path, where: str) -> dict[str, torch.Tensor]:
 
     from bio_megatron.training.integrity import restricted_loading
 
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
     try:
         with restricted_loading():
-            return dist_checkpointing.load_plain_tensors(str(folder))
+            # megatron's load_plain_tensors builds its template with torch.empty(**properties), which this torch
+            # refuses (``strides``): read torch_dist's tensor metadata and build the template here
+            from torch.distributed.checkpoint import FileSystemReader
+            from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+            meta = FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+            template = {k: ShardedTensor.from_rank_offsets(k, torch.empty(tuple(t.size), dtype=t.properties.dtype),
+                                                           replica_id=0)
+                        for k, t in meta.items() if isinstance(t, TensorStorageMetadata)}
+            return dist_checkpointing.load(template, str(folder), validate_access_integrity=False)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
