@@ -81,9 +81,12 @@ class World:
             self.kill()
             raise TimeoutError(f"gloo world did not finish in {timeout} s")
         errors = [f"rank {r}:\n{v}" for r, (s, v) in sorted(results.items()) if s == "error"]
+        # A rank that died without reporting (a segfault, os._exit, the OOM killer) must fail the test too.
+        errors += [f"rank {r}: exited with code {p.exitcode} without reporting a result"
+                   for r, p in enumerate(self.procs) if r not in results]
         if errors:
             raise RuntimeError("\n".join(errors))
-        return [results.get(r, ("missing", None))[1] for r in range(len(self.procs))]
+        return [results[r][1] for r in range(len(self.procs))]
 
 
 def start_world(world_size: int, fn: Callable, *args) -> World:

@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ihf.add_argument("--model", required=True, help="HF folder (config.json, *.safetensors, vocab.txt)")
     ihf.add_argument("--out", required=True, help="checkpoint directory to write: new or empty (atomically)")
     ihf.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP.format("import hf"))
+    _add_verify(ihf, "transformers' own model loaded from the folder")
     ihf.set_defaults(func=run_import)
     _register_megatron_lm(es, isub)
     _register_nemo(es, isub)
@@ -45,10 +46,19 @@ def run_import(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
 
     try:
-        print(json.dumps(import_hf(args.model, args.out, overwrite=args.overwrite), indent=2))
+        result = import_hf(args.model, args.out, overwrite=args.overwrite, verify=args.verify,
+                           tolerance=args.tolerance)
+        print(json.dumps(result, indent=2))
     finally:
         teardown()
-    return 0
+    return 0 if result.get("verify", {}).get("verified", True) else 1
+
+
+def _add_verify(parser: argparse.ArgumentParser, reference: str) -> None:
+    """``--verify`` / ``--tolerance`` for an importer whose independent reference is ``reference``."""
+    parser.add_argument("--verify", action="store_true", help=f"run {reference} and the imported checkpoint on a "
+                        "padded batch; exit 1 when the max absolute logit difference exceeds --tolerance")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="for --verify (default 1e-4, fp32)")
 
 
 def _register_megatron_lm(es: argparse._SubParsersAction, isub: argparse._SubParsersAction) -> None:
@@ -115,6 +125,7 @@ def _register_nemo(es: argparse._SubParsersAction, isub: argparse._SubParsersAct
     i.add_argument("--out", required=True, help="checkpoint directory to write: new or empty (atomically)")
     i.add_argument("--num-attention-heads", type=int, help="only for archives whose config names none")
     i.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP.format("import nemo"))
+    _add_verify(i, "transformers' MegatronBert holding the archive's encoder weights")
     i.set_defaults(func=run_import_nemo)
 
 
@@ -135,7 +146,9 @@ def run_import_nemo(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
 
     try:
-        print(json.dumps(import_nemo(args.model, args.out, args.num_attention_heads, args.overwrite), indent=2))
+        result = import_nemo(args.model, args.out, args.num_attention_heads, args.overwrite, verify=args.verify,
+                             tolerance=args.tolerance)
+        print(json.dumps(result, indent=2))
     finally:
         teardown()
-    return 0
+    return 0 if result.get("verify", {}).get("verified", True) else 1

@@ -1,4 +1,4 @@
-"""``bio-megatron vocab``: learn a domain WordPiece vocabulary; measure how well a vocabulary fits NER data."""
+"""``bio-megatron vocab``: learn a domain WordPiece or byte-level BPE vocabulary; measure how well a vocabulary fits NER data."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ import sys
 
 
 def _train(args: argparse.Namespace) -> int:
-    from bio_megatron.utils.io import check_output_file
-    from bio_megatron.vocab.train import train_vocab
+    from bio_megatron.utils.io import check_output_dir, check_output_file
+    from bio_megatron.vocab.train import train_bpe_vocab, train_vocab
 
+    if args.type == "bpe":  # a folder (vocab.json + merges.txt + tokenizer.json), not a single file
+        output = "bpe_vocab" if args.output is None else args.output
+        check_output_dir(output, "vocab train")
+        res = train_bpe_vocab(args.input, output, size=args.size or 50_265, max_sentences=args.max_sentences)
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    args.output = args.output or "vocab.txt"
+    args.size = args.size or 30000
     check_output_file(args.output)  # before SentencePiece trains, not after
     res = train_vocab(args.input, args.output, size=args.size, lowercase=args.uncased,
                       model_type=args.model_type, max_sentences=args.max_sentences, threads=args.threads)
@@ -34,10 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("vocab", help="train a WordPiece vocabulary; Table 3 sub-token statistics")
     sub = p.add_subparsers(dest="vocab_command", metavar="STEP", required=True)
 
-    t = sub.add_parser("train", help="SentencePiece on JSONL documents -> BERT WordPiece vocab.txt")
+    t = sub.add_parser("train", help="JSONL documents -> BERT WordPiece vocab.txt (SentencePiece) or, with "
+                                     "--type bpe, a RoBERTa byte-level BPE folder (vocab.json + merges.txt)")
     t.add_argument("--input", nargs="+", required=True, help="JSONL documents (bio-megatron data pubmed/pmc)")
-    t.add_argument("--output", default="vocab.txt")
-    t.add_argument("--size", type=int, default=30000, help="tokens, specials included (paper: 30000, 50000)")
+    t.add_argument("--type", choices=["wordpiece", "bpe"], default="wordpiece",
+                   help="wordpiece: BERT vocab.txt; bpe: RoBERTa/bio-lm byte-level BPE (<s> <pad> </s> <unk> ... <mask>)")
+    t.add_argument("--output", default=None, help="vocab.txt (wordpiece) / a folder, default bpe_vocab (bpe)")
+    t.add_argument("--size", type=int, default=None,
+                   help="tokens, specials included (wordpiece default 30000, paper: 30000, 50000; bpe default "
+                        "50265 as roberta-base / bio-lm)")
     case = t.add_mutually_exclusive_group()
     case.add_argument("--cased", dest="uncased", action="store_false", help="keep case (default)")
     case.add_argument("--uncased", dest="uncased", action="store_true", help="lower-case and strip accents")

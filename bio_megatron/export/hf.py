@@ -41,25 +41,34 @@ tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
 import yaml
 
 from bio_megatron.config.sizes import ModelShape
-from bio_megatron.export.hf_heads import (BERT_PLAIN_CLASS, PLAIN_CLASS, apply_head, head_settings, head_to_hf,
-                                          hf_to_head, plain_class, remote_config_fields, source_head,
-                                          write_remote_code)
-from bio_megatron.models.hf_convert import hf_config, hf_to_mcore, mcore_to_hf
+from bio_megatron.export.hf_heads import (BERT_PLAIN_CLASS, CLASS_TASK, PLAIN_CLASS, REMOTE_MODEL_TYPE, apply_head,
+                                          head_settings, head_to_hf, hf_to_head, plain_class, remote_config_fields,
+                                          source_head, write_remote_code)
+from bio_megatron.models.hf_convert import (bert_to_roberta, hf_config, hf_to_mcore, mcore_to_hf, roberta_config,
+                                           roberta_position_offset, roberta_to_bert)
 from bio_megatron.tasks.model import Source, resolve_source
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.utils.io import atomic_path, check_output_dir
+from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
+from bio_megatron.vocab.bpe import BPETokenizer, bpe_files, load_tokenizer
 
 log = get_logger(__name__)
 
 
 def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
+    bpe = bpe_files(vocab_file)
+    if bpe is not None:  # RoBERTa: vocab.json + merges.txt are what RobertaTokenizer (and import hf) read
+        for f in (*bpe, bpe[0].parent / "tokenizer.json"):
+            if f.is_file():
+                shutil.copyfile(f, out / f.name)
+        return
     from transformers import BertTokenizer
 
     tokens = Path(vocab_file).read_text(encoding="utf-8").split("\n")
@@ -93,7 +102,8 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) 
     remote = hasattr(config, "bio_megatron_head")
     hf_model = _hf_class(cls, remote)(config)
     missing, unexpected = hf_model.load_state_dict(hsd, strict=False)
-    missing = [k for k in missing if "position_ids" not in k and k != "cls.predictions.decoder.weight"]
+    missing = [k for k in missing if "position_ids" not in k  # tied to the word embeddings:
+               and k not in ("cls.predictions.decoder.weight", "lm_head.decoder.weight")]
     if missing or unexpected:
         raise CheckpointError(f"conversion incomplete for {cls}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
@@ -161,7 +171,7 @@ def _pretraining_to_hf(src: Source):
 
     raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
     binary = bool(raw.get("bert_binary_head", False))
-    tok = WordPieceTokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
+    tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
     m = ModelConfig(**{k: v for k, v in src.shape.items()}, bert_binary_head=binary, hidden_dropout=0.0,
                     attention_dropout=0.0, transformer_impl="local")
     if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
@@ -171,6 +181,14 @@ def _pretraining_to_hf(src: Source):
     sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
     shape = m.shape()
     hsd = mcore_to_hf(sd, shape, tok.vocab_size, binary_head=binary)
+    if isinstance(tok, BPETokenizer):  # the family a byte-level BPE vocabulary records: RoBERTa
+        if m.transformer_block_type != "post_ln" or binary:
+            raise CheckpointError(f"{src.path}: a byte-level BPE model exports as RobertaForMaskedLM, which needs "
+                                  f"transformer_block_type post_ln and no NSP head (got "
+                                  f"{m.transformer_block_type}, bert_binary_head {binary})")
+        config = roberta_config(shape, tok.vocab_size, m.max_position_embeddings, m.layernorm_epsilon, tok.pad,
+                                tok.cls, tok.sep, architectures=["RobertaForMaskedLM"])
+        return bert_to_roberta(hsd, tok.pad), config, False, None
     family = "Bert" if m.transformer_block_type == "post_ln" else "MegatronBert"
     arch = f"{family}ForPreTraining" if binary else f"{family}ForMaskedLM"
     config = hf_config(shape, tok.vocab_size, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
@@ -199,6 +217,9 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
         if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
             raise CheckpointError(f"{f}: not a state dict of tensors")
         hsd.update(part)
+    hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
+    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
+        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
     prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
     binary = "cls.seq_relationship.weight" in hsd
     try:
@@ -221,12 +242,15 @@ def task_config_for_hf(src: Source):
     cfg = CONFIG_CLASSES[src.task]()
     apply_head(cfg.model, src.head or source_head(PLAIN_CLASS[src.task], {}, str(src.path)))
     cfg.model.transformer_impl = "local"
+    cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
     return cfg
 
 
-def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,
+              tolerance: float | None = None) -> dict:
     """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder.
-    ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output."""
+    ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output. ``verify``: the
+    folder run by transformers itself vs the written checkpoint (:func:`verify_hf_import`)."""
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
@@ -238,13 +262,14 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> d
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before converting anything
-    single_process()
-    src = resolve_source(hf_dir)
+    src = resolve_source(hf_dir)  # refusals (activation, tokenizer, ...) before any process group exists
     if src.kind != "hf":
         raise CheckpointError(f"{hf_dir}: not a Hugging Face folder (no config.json)")
     if src.vocab_file is None:
-        raise CheckpointError(f"{hf_dir}: no vocab.txt; a WordPiece vocabulary is needed beside the weights")
-    tok = WordPieceTokenizer(src.vocab_file)
+        raise CheckpointError(f"{hf_dir}: no vocab.txt or tokenizer.json; a WordPiece vocabulary is needed beside "
+                              "the weights")
+    tok = load_tokenizer(src.vocab_file, src.lowercase)  # WordPiece vocab.txt or byte-level BPE vocab.json
+    single_process()
     if src.task is None:
         cfg = PretrainConfig(model=ModelConfig(**src.shape, transformer_impl="local"))
         m = cfg.model
@@ -266,7 +291,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> d
         head = build_head(src.task, m, m.shape().hidden_size, len(src.labels) if src.labels else 2)
         model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
         full = read_hf_state(hf_dir, m.shape(), padded, src.task)
-    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
+    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
     load_full_state(model, full)
     # save_model_checkpoint writes atomically into the absent path ``tmp``; the outer atomic_path then applies
     # the folder rule (marker, --overwrite) when moving it onto ``out``.
@@ -277,4 +302,44 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False) -> d
              "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
             files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
     log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
-    return {"out": str(out), "task": src.task, "labels": src.labels}
+    result = {"out": str(out), "task": src.task, "labels": src.labels}
+    if verify:
+        result["verify"] = verify_hf_import(hf_dir, out, tolerance)
+    return result
+
+
+def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: float | None = None) -> dict:
+    """transformers' own model, loaded from the folder with ``from_pretrained`` (an implementation that is
+    not ours, reading the files as any user of the folder would), vs our engine on the written checkpoint:
+    :func:`bio_megatron.interchange.verify.verify_import` on its padded batch."""
+    from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+    from bio_megatron.predict.common import load_finetuned, single_process
+
+    single_process()  # our side loads the checkpoint at TP1
+    cfg = load_json(Path(hf_dir) / "config.json")
+    arch = (cfg.get("architectures") or [""])[0]
+    if not arch.endswith(("ForPreTraining", "ForMaskedLM", "ForTokenClassification", "ForQuestionAnswering",
+                          "ForSequenceClassification")):
+        raise CheckpointError(f"{hf_dir}: --verify compares output heads; architectures {arch!r} has none "
+                              "(a bare encoder gets a fresh MLM head here)")
+    theirs = _hf_class(arch, cfg.get("model_type") == REMOTE_MODEL_TYPE).from_pretrained(str(hf_dir)).eval()
+
+    def reference(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        if hasattr(out, "prediction_logits"):
+            return {"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits}
+        if hasattr(out, "start_logits"):  # our QA head gives [B, S, 2]
+            return {"logits": torch.stack([out.start_logits, out.end_logits], dim=-1)}
+        return {"mlm" if arch.endswith("ForMaskedLM") else "logits": out.logits}
+
+    source = f"{hf_dir} via transformers {arch}.from_pretrained"
+    tolerance = FP32_TOLERANCE if tolerance is None else tolerance
+    if CLASS_TASK.get(arch) is None:
+        return verify_import(reference, checkpoint, tolerance=tolerance, source=source)
+    loaded = load_finetuned(checkpoint)
+
+    def ours(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": loaded.model(ids, mask, types)}
+
+    return verify_import(reference, checkpoint, tolerance=tolerance, source=source, ours=ours,
+                         vocab_size=loaded.tokenizer.vocab_size, max_positions=loaded.cfg.model.max_position_embeddings)

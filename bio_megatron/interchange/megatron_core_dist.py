@@ -30,6 +30,7 @@ import argparse
 import io
 import json
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -158,7 +159,9 @@ def _load_tensors(it: Path, meta) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{it}: no BERT model tensors in the checkpoint (keys: "
                               f"{sorted(meta.state_dict_metadata)[:6]})")
     try:
-        with restricted_loading():
+        with restricted_loading(), warnings.catch_warnings():
+            # "load in a single process" is the point here, not something to warn a user about
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\.checkpoint")
             dcp.load(wanted, storage_reader=dcp.FileSystemReader(str(it)), no_dist=True)
     except (KeyboardInterrupt, SystemExit):
         raise

@@ -216,8 +216,10 @@ def _unfold(state: dict, side: dict, where: str) -> None:
 
 
 def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | None = None,
-                overwrite: bool = False) -> dict:
-    """Write a BioMegatron checkpoint (TP1, model only; loadable at any layout) from a ``.nemo`` archive."""
+                overwrite: bool = False, verify: bool = False, tolerance: float | None = None) -> dict:
+    """Write a BioMegatron checkpoint (TP1, model only; loadable at any layout) from a ``.nemo`` archive.
+    ``verify``: the archive's weights in transformers vs the written checkpoint
+    (:mod:`~bio_megatron.interchange.verify_nemo`); the result's ``verify`` holds the max logit difference."""
     from bio_megatron.interchange.nemo_build import build_and_save
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before unpacking gigabytes
@@ -225,9 +227,14 @@ def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | N
     build_and_save(src, out, IMPORT_COMMAND, overwrite)
     log.info("imported %s (NeMo, %s, TP %d x PP %d) -> %s", src["where"], src["task"] or "MegatronBertModel",
              src["tp"], src["pp"], out)
-    return {"out": str(out), "task": src["task"], "labels": src["labels"], "tp": src["tp"], "pp": src["pp"],
-            "layout": src["layout"], "binary_head": "binary_head.weight" in src["state"],
-            **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    result = {"out": str(out), "task": src["task"], "labels": src["labels"], "tp": src["tp"], "pp": src["pp"],
+              "layout": src["layout"], "binary_head": "binary_head.weight" in src["state"],
+              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    if verify:
+        from bio_megatron.interchange.verify_nemo import verify_nemo_import
+
+        result["verify"] = verify_nemo_import(src, out, tolerance)
+    return result
 
 
 # --- export -------------------------------------------------------------------------------------------

@@ -20,7 +20,9 @@ from bio_megatron.config.sizes import ModelShape
 from bio_megatron.utils.errors import CheckpointError
 
 # config.json model_type -> transformer_block_type ("bio-megatron-bert": export hf's remote-code task classes)
-HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln"}
+HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln", "roberta": "post_ln"}
+# RoBERTa folders import as pretraining models only: fine-tuning tokenizes with WordPiece (see roberta_to_bert).
+ROBERTA_CLASSES = ("RobertaModel", "RobertaForMaskedLM")
 
 _LAYER_PAIRS = {
     "input_layernorm": "attention.ln", "self_attention.linear_proj": "attention.output.dense",
@@ -89,11 +91,17 @@ def hf_shape(cfg: dict, where: str) -> dict:
     if cfg.get("hidden_size", 0) % max(cfg.get("num_attention_heads", 1), 1):
         problems.append(f"hidden_size ({cfg.get('hidden_size')}) not divisible by num_attention_heads "
                         f"({cfg.get('num_attention_heads')})")
+    offset = 0
+    if cfg.get("model_type") == "roberta":
+        arch = (cfg.get("architectures") or ["RobertaModel"])[0]
+        if arch not in ROBERTA_CLASSES:
+            problems.append(f"architectures [{arch!r}] (RoBERTa imports as {' / '.join(ROBERTA_CLASSES)} only)")
+        offset = roberta_position_offset(cfg)
     if problems:
         raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
     return {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
             "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
-            "max_position_embeddings": cfg["max_position_embeddings"], "num_tokentypes": cfg["type_vocab_size"],
+            "max_position_embeddings": cfg["max_position_embeddings"] - offset, "num_tokentypes": cfg["type_vocab_size"],
             "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12), "transformer_block_type": block_type}
 
 
@@ -214,3 +222,113 @@ def _untf(key: str) -> str:
         if key.endswith(".beta"):
             return key[: -len("beta")] + "bias"
     return key
+
+
+def read_tokenizer_json(file) -> tuple[list[str], bool]:
+    """(WordPiece tokens in id order, lower-casing) of a ``tokenizers`` ``tokenizer.json``: what transformers 5
+    writes instead of ``vocab.txt``. Anything our WordPiece tokenizer would split differently is refused
+    (CheckpointError quoting the value): another model type, a subword prefix other than ``##``, accent
+    stripping that does not follow lower-casing (BERT strips accents exactly when it lower-cases)."""
+    from pathlib import Path
+
+    from bio_megatron.utils.io import load_json
+
+    where = str(file)
+    doc = load_json(Path(file))
+    model = doc.get("model") if isinstance(doc, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise CheckpointError(f"{where}: tokenizer model {kind!r}, only a BERT WordPiece tokenizer is supported "
+                              "(a BPE/Unigram/SentencePiece model tokenises differently)")
+    if model.get("continuing_subword_prefix", "##") != "##":
+        raise CheckpointError(f"{where}: continuing_subword_prefix {model['continuing_subword_prefix']!r}, "
+                              "only BERT's '##' is supported")
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or sorted(vocab.values()) != list(range(len(vocab))):
+        raise CheckpointError(f"{where}: model.vocab is not a map from tokens to the ids 0..N-1")
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    lower, strip = _normalizer_case(doc.get("normalizer"))
+    if strip != lower:
+        raise CheckpointError(f"{where}: normalizer lowercase {lower} with strip_accents {strip}; the engine "
+                              "strips accents exactly when it lower-cases, as BERT does")
+    return tokens, lower
+
+
+def _normalizer_case(norm) -> tuple[bool, bool]:
+    """(lowercase, strip_accents) of a tokenizers normalizer tree (BertNormalizer's strip_accents null follows
+    lowercase, as in BERT)."""
+    if not isinstance(norm, dict):
+        return False, False
+    kind = norm.get("type")
+    if kind == "BertNormalizer":
+        lower = bool(norm.get("lowercase", True))
+        strip = norm.get("strip_accents")
+        return lower, lower if strip is None else bool(strip)
+    if kind == "Sequence":
+        parts = [_normalizer_case(n) for n in norm.get("normalizers") or []]
+        return any(p[0] for p in parts), any(p[1] for p in parts)
+    return kind == "Lowercase", kind == "StripAccents"
+
+
+# --- RoBERTa ---------------------------------------------------------------------------------------
+# RoBERTa is post-LN BERT with other names (``roberta.``, ``lm_head.{dense,layer_norm,decoder,bias}``) and
+# positions that start at ``padding_idx + 1``: HF numbers the real tokens padding_idx+1, padding_idx+2, ...
+# (pads get padding_idx). Our model numbers them 0, 1, ... So import drops the first padding_idx + 1 rows of
+# HF's position table; row i of ours is then row i + padding_idx + 1 of theirs, the very row HF uses for the
+# i-th real token of a right-padded sequence: exact for every non-pad position. Export puts the rows back as
+# zeros: HF only reads them for pad tokens, whose outputs no real token attends to and no loss reads.
+
+
+def roberta_position_offset(cfg: dict) -> int:
+    return int(cfg.get("pad_token_id", 1)) + 1
+
+
+def roberta_to_bert(hsd: dict[str, torch.Tensor], padding_idx: int) -> dict[str, torch.Tensor]:
+    """An HF ``RobertaModel`` / ``RobertaForMaskedLM`` state under ``BertForMaskedLM``'s names, positions shifted."""
+    out = {}
+    for k, v in hsd.items():
+        if k.startswith("lm_head."):
+            rest = k[len("lm_head."):]
+            k = {"bias": "cls.predictions.bias", "decoder.weight": "cls.predictions.decoder.weight",
+                 "decoder.bias": "cls.predictions.decoder.bias"}.get(rest, "cls.predictions.transform." + rest.replace(
+                     "layer_norm.", "LayerNorm."))
+        elif k.startswith("roberta."):
+            k = "bert." + k[len("roberta."):]
+        elif not k.startswith("bert."):  # a bare RobertaModel keeps no prefix
+            k = "bert." + k
+        out[k] = v
+    pos = "bert.embeddings.position_embeddings.weight"
+    if pos in out:
+        out[pos] = out[pos][padding_idx + 1:]
+    return out
+
+
+def bert_to_roberta(hsd: dict[str, torch.Tensor], padding_idx: int) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`roberta_to_bert` (``RobertaForMaskedLM`` names; the dropped rows come back as zeros)."""
+    out = {}
+    for k, v in hsd.items():
+        if k.startswith("cls.predictions."):
+            rest = k[len("cls.predictions."):]
+            k = "lm_head." + ("bias" if rest == "bias" else rest.replace("transform.", "").replace("LayerNorm.",
+                                                                                                 "layer_norm."))
+        elif k.startswith("bert."):
+            if k.startswith("bert.pooler."):
+                continue  # RobertaForMaskedLM has no pooler
+            k = "roberta." + k[len("bert."):]
+        out[k] = v
+    pos = "roberta.embeddings.position_embeddings.weight"
+    out[pos] = torch.cat([out[pos].new_zeros(padding_idx + 1, out[pos].shape[1]), out[pos]])
+    return out
+
+
+def roberta_config(shape: ModelShape, vocab_size: int, max_position_embeddings: int, layernorm_epsilon: float,
+                   pad_id: int, bos_id: int, eos_id: int, **extra):
+    """``RobertaConfig`` for our post-LN model with a byte-level BPE vocabulary (positions offset back)."""
+    from transformers import RobertaConfig
+
+    return RobertaConfig(
+        vocab_size=vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size, hidden_act="gelu",
+        max_position_embeddings=max_position_embeddings + pad_id + 1, type_vocab_size=1,
+        layer_norm_eps=layernorm_epsilon, pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id,
+        position_embedding_type="absolute", tie_word_embeddings=True, **extra)

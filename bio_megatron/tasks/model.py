@@ -106,6 +106,8 @@ class Source:
     task: str | None = None        # None = pretraining checkpoint / base HF model
     padded_vocab: int | None = None
     head: dict | None = None       # model.head / classifier_head / fc_hidden_size (fine-tuned checkpoint, HF folder)
+    lowercase: bool | None = None  # the HF folder's tokenizer (None: the checkpoint's config says it)
+    origin: Path | None = None     # the .nemo / Megatron-LM source that ``path`` was converted from
 
 
 _HF_INT_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
@@ -135,25 +137,19 @@ def _read_hf_config(file: Path) -> dict:
 
 
 def resolve_source(path: str | Path) -> Source:
-    """Inspect a checkpoint or HF folder (raises CheckpointError naming the path when it is neither)."""
+    """Inspect a checkpoint, HF folder, ``.nemo`` archive or Megatron-LM checkpoint (the last two are imported
+    once into a cached checkpoint of ours: :mod:`bio_megatron.interchange.sources`). Raises CheckpointError
+    naming the path when it is none of them."""
+    from bio_megatron.interchange.sources import foreign_kind, imported
+
     path = Path(path)
+    kind = foreign_kind(path)
+    if kind is not None:
+        src = resolve_source(imported(path, kind))
+        src.origin = path
+        return src
     if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
-        cfg = _read_hf_config(path / "config.json")
-        if cfg.get("model_type") not in HF_MODEL_TYPES:
-            raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected one of "
-                                  f"{sorted(HF_MODEL_TYPES)}")
-        shape = hf_shape(cfg, f"{path}/config.json")
-        arch = (cfg.get("architectures") or [""])[0]
-        task = CLASS_TASK.get(arch)
-        if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:
-            raise CheckpointError(f"{path}/config.json: architectures {cfg.get('architectures')!r}, expected one of "
-                                  f"{sorted(c for c in CLASS_TASK if c.startswith('BioMegatron'))}")
-        labels = None
-        if task in ("ner", "re") and cfg.get("id2label"):
-            labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
-        head = source_head(arch, cfg, f"{path}/config.json") if task else None
-        vocab = path / "vocab.txt"
-        return Source("hf", path, shape, vocab if vocab.is_file() else None, labels, task, head=head)
+        return _resolve_hf(path)
     meta = read_metadata(path)
     ckpt = Path(meta["path"])
     cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
@@ -165,14 +161,63 @@ def resolve_source(path: str | Path) -> Source:
     head = None
     if meta.get("task"):
         head = {k: model[k] for k in ("head", "classifier_head", "fc_hidden_size") if k in model}
-    return Source("checkpoint", ckpt, shape, ckpt / "vocab.txt", labels, meta.get("task"),
+    vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
+    return Source("checkpoint", ckpt, shape, vocab, labels, meta.get("task"),
                   meta.get("padded_vocab_size"), head)
+
+
+def _resolve_hf(path: Path) -> Source:
+    cfg = _read_hf_config(path / "config.json")
+    if cfg.get("model_type") not in HF_MODEL_TYPES:
+        raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected one of "
+                              f"{sorted(HF_MODEL_TYPES)}")
+    shape = hf_shape(cfg, f"{path}/config.json")
+    arch = (cfg.get("architectures") or [""])[0]
+    task = CLASS_TASK.get(arch)
+    if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:
+        raise CheckpointError(f"{path}/config.json: architectures {cfg.get('architectures')!r}, expected one of "
+                              f"{sorted(c for c in CLASS_TASK if c.startswith('BioMegatron'))}")
+    labels = None
+    if task in ("ner", "re") and cfg.get("id2label"):
+        labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
+    head = source_head(arch, cfg, f"{path}/config.json") if task else None
+    vocab, lower = _hf_vocab(path)
+    if vocab is not None and vocab.suffix == ".txt":
+        entries = sum(1 for _ in vocab.open(encoding="utf-8"))
+        if entries > cfg.get("vocab_size", entries):  # token ids past the embedding would read zero rows
+            raise CheckpointError(f"{path}: the tokenizer has {entries} entries but config.json vocab_size is "
+                                  f"{cfg['vocab_size']}: not this model's vocabulary")
+    return Source("hf", path, shape, vocab, labels, task, head=head, lowercase=lower)
+
+
+def _hf_vocab(path: Path) -> tuple[Path | None, bool | None]:
+    """The WordPiece vocabulary and lower-casing of an HF folder: ``vocab.txt`` (transformers 4) or only
+    ``tokenizer.json`` (transformers 5: ``model.vocab`` and the normalizer's ``lowercase``)."""
+    from bio_megatron.interchange.sources import cached_vocab
+    from bio_megatron.models.hf_convert import read_tokenizer_json
+
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():  # RoBERTa's byte-level BPE
+        return path / "vocab.json", False
+    lower = None
+    if (path / "tokenizer.json").is_file():
+        tokens, lower = read_tokenizer_json(path / "tokenizer.json")
+        if not (path / "vocab.txt").is_file():
+            return cached_vocab(tokens), lower
+    elif (path / "tokenizer_config.json").is_file():
+        value = load_json(path / "tokenizer_config.json").get("do_lower_case")
+        lower = value if isinstance(value, bool) else None
+    return (path / "vocab.txt" if (path / "vocab.txt").is_file() else None), lower
 
 
 def apply_source_shape(m: ModelConfig, src: Source) -> None:
     """The encoder shape comes from the weights being loaded, not from the recipe."""
+    if src.vocab_file is not None and Path(src.vocab_file).name == "vocab.json":
+        raise CheckpointError(f"{src.path}: a byte-level BPE (RoBERTa) model cannot be fine-tuned yet: fine-tuning "
+                              "tokenizes with WordPiece; pretraining, import hf and export hf take it")
     for k, v in src.shape.items():
         setattr(m, k, v)
+    if src.lowercase is not None and m.tokenizer.do_lower_case is None:  # the HF folder's tokenizer setting
+        m.tokenizer.do_lower_case = src.lowercase
 
 
 def task_padded_vocab(m: ModelConfig, vocab_size: int, src: Source | None) -> int:

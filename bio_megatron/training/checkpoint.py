@@ -179,7 +179,11 @@ def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, wit
 def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: dict[str, str] | None = None) -> None:
     """What makes a checkpoint directory self-describing: resolved config, vocabulary, metadata."""
     (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    shutil.copyfile(vocab_file, directory / "vocab.txt")
+    if Path(vocab_file).name == "vocab.json":  # byte-level BPE (RoBERTa): its merges travel with it
+        for name in ("vocab.json", "merges.txt"):
+            shutil.copyfile(Path(vocab_file).parent / name, directory / name)
+    else:
+        shutil.copyfile(vocab_file, directory / "vocab.txt")
     for name, text in (files or {}).items():
         (directory / name).write_text(text, encoding="utf-8")
     (directory / "bio_megatron.json").write_text(json.dumps({"format": "bio_megatron/1", **meta}, indent=2) + "\n")

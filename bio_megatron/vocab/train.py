@@ -38,8 +38,10 @@ def _normalizer(lowercase: bool):
     return norm, pre_tokenizers.BertPreTokenizer()
 
 
-def write_training_text(inputs: list[Path], out: Path, lowercase: bool, max_sentences: int | None) -> dict[str, int]:
-    """One pre-tokenized sentence a line; returns counts (and the alphabet size)."""
+def write_training_text(inputs: list[Path], out: Path, lowercase: bool, max_sentences: int | None,
+                        raw: bool = False) -> dict[str, int]:
+    """One pre-tokenized sentence a line (``raw``: the sentence as is, for byte-level BPE, which sees the
+    text exactly as ``data tokenize`` will give it); returns counts."""
     norm, pre = _normalizer(lowercase)
     stats = ReadStats()
     n = 0
@@ -48,6 +50,11 @@ def write_training_text(inputs: list[Path], out: Path, lowercase: bool, max_sent
         for path in inputs:
             for _, doc in iter_documents(path, stats):
                 for sent in doc["sentences"]:
+                    if raw:
+                        if sent.strip():
+                            fh.write(sent.replace("\n", " ") + "\n")
+                            n += 1
+                        continue
                     words = [w for w, _ in pre.pre_tokenize_str(norm.normalize_str(sent))]
                     if words:
                         fh.write(" ".join(words) + "\n")
@@ -78,6 +85,32 @@ def sentencepiece_to_wordpiece(pieces: list[str], alphabet: set[str], size: int)
     if len(tokens) > size:
         tokens = tokens[:size]  # SentencePiece orders pieces by usefulness: the tail is the least useful
     return tokens
+
+
+def train_bpe_vocab(inputs: list[str | Path] | str | Path, output: str | Path, size: int = 50_265,
+                    max_sentences: int | None = 5_000_000, overwrite: bool = False) -> dict[str, Any]:
+    """Learn a RoBERTa byte-level BPE vocabulary (bio-lm: 50k) into the folder ``output`` (atomically):
+    ``vocab.json`` + ``merges.txt`` + ``tokenizer.json``."""
+    from bio_megatron.vocab.bpe import BPE_SPECIALS, train_bpe
+    from bio_megatron.utils.io import atomic_path
+
+    paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    if size < 300:  # 256 byte symbols + the specials must fit
+        raise DataError(f"BPE vocabulary size {size} is too small (at least 300: 256 bytes + specials)")
+    with tempfile.TemporaryDirectory(prefix="bio-megatron-bpe-") as tmp:
+        text = Path(tmp) / "train.txt"
+        counts = write_training_text(paths, text, False, max_sentences, raw=True)
+        with atomic_path(output, command="vocab train", overwrite=overwrite) as out:
+            out.mkdir()
+            made = train_bpe([text], out, size)
+    if made["vocab_size"] < size:
+        log.warning("the corpus only supports %d tokens (asked for %d): train on more text for a full "
+                    "vocabulary", made["vocab_size"], size)
+    summary = {**counts, **made, "requested_size": size, "type": "bpe", "specials": [*BPE_SPECIALS, "<mask>"],
+               "output": str(output)}
+    log.info("byte-level BPE vocabulary: %d tokens, %d merges from %d sentences -> %s", made["vocab_size"],
+             made["merges"], counts["sentences"], output)
+    return summary
 
 
 def train_vocab(inputs: list[str | Path] | str | Path, output: str | Path, size: int = 30000,

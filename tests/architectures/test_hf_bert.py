@@ -157,7 +157,7 @@ def test_export_loads_in_transformers_with_same_logits(imported):
     ({"hidden_act": "relu"}, "hidden_act 'relu'"),
     ({"position_embedding_type": "relative_key"}, "position_embedding_type 'relative_key'"),
     ({"is_decoder": True}, "is_decoder"),
-    ({"model_type": "roberta"}, "model_type 'roberta'"),
+    ({"model_type": "roberta"}, "RoBERTa imports as"),  # a Bert* class under model_type roberta
 ])
 def test_refuses_configs_it_cannot_reproduce(imported, tmp_path, change, message):
     from bio_megatron.tasks.model import resolve_source

@@ -1,0 +1,98 @@
+"""``import nemo --verify``: the archive's weights run by transformers vs the imported checkpoint.
+
+NeMo itself is not installed here, so the reference is transformers' Megatron BERT holding the encoder
+weights as :func:`~bio_megatron.interchange.nemo.read_nemo` read them from the archive (before our engine
+saw them): a misread QKV layout, epsilon, token-type fold or vocabulary padding shows as a logit
+difference. Pretraining archives compare MLM (and NSP) logits through ``MegatronBertForPreTraining``
+(:func:`~bio_megatron.interchange.verify.hf_reference`). Task archives compare the encoder's last hidden
+states (``MegatronBertModel``) and the head's logits; their head is the paper's MLP, which transformers has no
+class for, so the reference applies a copy of our head module loaded with the archive's head tensors to
+transformers' hidden states (the comparison then proves the head weights and label order came across).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bio_megatron.interchange.verify import FP32_TOLERANCE, Forward, hf_reference, verify_import
+from bio_megatron.utils.errors import CheckpointError
+
+
+def _vocab_size(text: str) -> int:
+    tokens = text.split("\n")
+    return len(tokens) - 1 if tokens and tokens[-1] == "" else len(tokens)
+
+
+def _encoder_state(src: dict) -> dict[str, torch.Tensor]:
+    state = {k: v.float() for k, v in src["state"].items() if torch.is_tensor(v)}
+    if "embedding.tokentype_embeddings.weight" not in state:  # NeMo without binary head: zeros, as the import
+        state["embedding.tokentype_embeddings.weight"] = torch.zeros(2, src["shape"]["hidden_size"])
+    return state
+
+
+def _encoder_reference(src: dict, vocab: int) -> nn.Module:
+    """transformers' ``MegatronBertModel`` (no pooler) holding the archive's encoder."""
+    from transformers import MegatronBertModel
+
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.models.hf_convert import hf_config, mcore_to_hf
+
+    shape = ModelConfig(**src["shape"]).shape()
+    cfg = hf_config(shape, vocab, src["shape"]["max_position_embeddings"], 2, src["shape"]["layernorm_epsilon"])
+    hf = MegatronBertModel(cfg, add_pooling_layer=False).eval()
+    missing, _ = hf.load_state_dict(mcore_to_hf(_encoder_state(src), shape, vocab, binary_head=False, prefix=""),
+                                    strict=False)
+    missing = [k for k in missing if "position_ids" not in k]
+    if missing:
+        raise CheckpointError(f"{src['where']}: cannot build the reference model: weights {missing[:4]} missing")
+    return hf
+
+
+def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | None = None) -> dict:
+    """The report of :func:`~bio_megatron.interchange.verify.verify_import` for an archive read by ``read_nemo``
+    and the checkpoint ``import nemo`` wrote from it."""
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.predict.common import single_process
+
+    single_process()  # our side loads the checkpoint at TP1
+    vocab = _vocab_size(src["vocab_text"])
+    tolerance = FP32_TOLERANCE if tolerance is None else tolerance
+    label = f"{src['where']} via transformers "
+    if src["task"] is None:
+        state = _encoder_state(src)
+        binary = "binary_head.weight" in state
+        if "lm_head.dense.weight" not in state:
+            raise CheckpointError(f"{src['where']}: --verify compares MLM logits; this archive has no LM head")
+        m = ModelConfig(**src["shape"])
+        reference = hf_reference(state, m.shape(), vocab, binary_head=binary,
+                                 layernorm_epsilon=m.layernorm_epsilon,
+                                 max_position_embeddings=m.max_position_embeddings)
+        return verify_import(reference, checkpoint, tolerance=tolerance, source=label + "MegatronBertForPreTraining")
+
+    from bio_megatron.predict.common import load_finetuned
+
+    loaded = load_finetuned(checkpoint)
+    head = loaded.model.head
+    ref_head = copy.deepcopy(head)
+    ref_head.load_state_dict({k[len("head."):]: v.float() for k, v in src["head"].items()})
+    encoder = _encoder_reference(src, vocab)
+
+    def reference(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        hidden = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        return {"hidden": hidden, "logits": ref_head(hidden)}
+
+    def ours(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        loaded.model.head = nn.Identity()  # TaskModel returns head(hidden): take the hidden states
+        try:
+            hidden = loaded.model(ids, mask, types)
+        finally:
+            loaded.model.head = head
+        return {"hidden": hidden, "logits": head(hidden)}
+
+    forward: Forward = ours
+    return verify_import(reference, checkpoint, tolerance=tolerance, source=label + "MegatronBertModel + head",
+                         ours=forward, vocab_size=vocab, max_positions=loaded.cfg.model.max_position_embeddings)

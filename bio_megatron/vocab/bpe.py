@@ -1,0 +1,147 @@
+"""Byte-level BPE vocabularies (RoBERTa / bio-lm: ``vocab.json`` + ``merges.txt``) and the one tokenizer factory.
+
+Both tokenizer kinds expose the same interface (``tokenize_batch``, ``vocab_size``, ``cls``/``sep``/``pad``/
+``mask``/``unk``, ``unique_identifiers``, ``lowercase``), so corpus tokenization, pretraining and the HF
+converters take whatever :func:`load_tokenizer` returns instead of branching on the kind. RoBERTa's special
+tokens play BERT's roles: ``<s>`` is ``cls``, ``</s>`` is ``sep`` (also the document separator), ``<pad>``,
+``<unk>``, ``<mask>``; ids 0..3 and the last id for ``<mask>``, exactly as ``roberta-base``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+from pathlib import Path
+
+from bio_megatron.utils.errors import DataError
+
+BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3; "<mask>" takes the last id
+MASK = "<mask>"
+
+
+def bpe_files(path: str | Path) -> tuple[Path, Path] | None:
+    """``(vocab.json, merges.txt)`` when ``path`` is a BPE folder or its ``vocab.json``; else None."""
+    path = Path(path)
+    vocab = path / "vocab.json" if path.is_dir() else path
+    if vocab.suffix != ".json" or not vocab.is_file():
+        return None
+    merges = vocab.parent / "merges.txt"
+    if not merges.is_file():
+        raise DataError("byte-level BPE vocabulary without merges.txt beside it", str(vocab))
+    return vocab, merges
+
+
+def is_bpe(path: str | Path | None) -> bool:
+    return path is not None and bpe_files(path) is not None
+
+
+class BPETokenizer:
+    """RoBERTa's byte-level BPE (``add_prefix_space=False``, as ``RobertaTokenizer``) with megatron-core's
+    tokenizer attributes. Never lower-cases: byte-level BPE is cased by construction."""
+
+    lowercase = False
+
+    def __init__(self, path: str | Path):
+        files = bpe_files(path)
+        if files is None:
+            raise DataError("not a byte-level BPE vocabulary (expected a folder with vocab.json + merges.txt, "
+                            "or the vocab.json itself)", str(path))
+        self.vocab_file, self.merges_file = (str(f) for f in files)
+        try:
+            self.vocab: dict[str, int] = json.loads(Path(self.vocab_file).read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise DataError(f"unreadable vocab.json ({exc})", self.vocab_file) from None
+        missing = [t for t in (*BPE_SPECIALS, MASK) if t not in self.vocab]
+        if missing:
+            raise DataError(f"BPE vocabulary lacks RoBERTa special token(s) {', '.join(missing)}", self.vocab_file)
+        if sorted(self.vocab.values()) != list(range(len(self.vocab))):
+            raise DataError("vocab.json ids are not 0..N-1 without gaps", self.vocab_file)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @cached_property
+    def inv_vocab(self) -> dict[int, str]:
+        return {i: t for t, i in self.vocab.items()}
+
+    cls = property(lambda self: self.vocab["<s>"])
+    sep = property(lambda self: self.vocab["</s>"])
+    pad = property(lambda self: self.vocab["<pad>"])
+    unk = property(lambda self: self.vocab["<unk>"])
+    mask = property(lambda self: self.vocab[MASK])
+    bos, eos = cls, sep
+
+    @property
+    def special_tokens_dict(self) -> dict[str, int]:
+        return {"pad_token": self.pad, "unk_token": self.unk, "cls_token": self.cls,
+                "sep_token": self.sep, "mask_token": self.mask}
+
+    @cached_property
+    def unique_identifiers(self) -> dict[str, str | bool]:
+        """Keys megatron-core hashes into its dataset cache names: a changed vocabulary must not reuse them."""
+        import hashlib
+
+        h = hashlib.sha256(Path(self.vocab_file).read_bytes() + Path(self.merges_file).read_bytes())
+        return {"class": type(self).__name__, "vocab_sha256": h.hexdigest()[:16], "lowercase": False}
+
+    @cached_property
+    def backend(self):
+        """The Rust tokenizer, built lazily so that pickling to worker processes stays cheap."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+        tok = Tokenizer(models.BPE.from_file(self.vocab_file, self.merges_file))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("backend", None)
+        return state
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        return [e.ids for e in encode(texts, add_special_tokens=False)]
+
+    def tokens_of(self, text: str) -> list[str]:
+        return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def convert_ids_to_tokens(self, ids) -> list[str]:
+        return [self.inv_vocab[int(i)] for i in ids]
+
+    def detokenize(self, ids) -> str:
+        return self.backend.decode(list(map(int, ids)))
+
+
+def load_tokenizer(path: str | Path, lowercase: bool | None = None):
+    """A :class:`BPETokenizer` for a BPE folder / ``vocab.json``, else a WordPiece tokenizer over ``vocab.txt``."""
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    if is_bpe(path):
+        return BPETokenizer(path)
+    return WordPieceTokenizer(path, lowercase=lowercase)
+
+
+def train_bpe(text_files: list[Path], out_dir: str | Path, size: int = 50_265,
+              min_frequency: int = 2) -> dict[str, int]:
+    """Learn a byte-level BPE vocabulary with the Rust trainer; write ``vocab.json`` + ``merges.txt`` +
+    ``tokenizer.json`` into ``out_dir`` (which must exist)."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    out_dir = Path(out_dir)
+    tok = ByteLevelBPETokenizer(add_prefix_space=False)
+    # <mask> is added after training so that it takes the last id, as in roberta-base (50264 of 50265).
+    tok.train([str(f) for f in text_files], vocab_size=size - 1, min_frequency=min_frequency,
+              special_tokens=list(BPE_SPECIALS), show_progress=False)
+    tok.add_special_tokens([MASK])
+    vocab = tok.get_vocab()  # added tokens included (model.save would leave <mask> out)
+    ordered = dict(sorted(vocab.items(), key=lambda kv: kv[1]))
+    tok.save_model(str(out_dir))  # merges.txt (and a vocab.json we overwrite with the full one)
+    (out_dir / "vocab.json").write_text(json.dumps(ordered, ensure_ascii=False) + "\n", encoding="utf-8")
+    tok.save(str(out_dir / "tokenizer.json"))
+    BPETokenizer(out_dir)  # the written folder must pass the checks every consumer applies
+    return {"vocab_size": len(ordered), "merges": sum(1 for _ in open(out_dir / "merges.txt", encoding="utf-8")) - 1}

@@ -1,0 +1,121 @@
+"""``import ... --verify``: the comparison passes on a correct import and catches the silent errors it exists
+for (a wrong LayerNorm epsilon, Q and K swapped), and the CLI exits 1 above the tolerance.
+
+Input: a Megatron-LM legacy file (TP1, checkpoint_version 3.0, NSP head) made from a tiny randomly
+initialised model with every weight perturbed (biases and LayerNorms too), so that a misplaced one shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+HEADS, MAX_POS = 4, 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _parent_world_torn_down():
+    """The imports below run in this (parent) process, which then holds a one-process gloo group; a test
+    module that forks a world after this one must not inherit it."""
+    yield
+    from bio_megatron.parallel.distributed import teardown
+
+    teardown()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> dict:
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.config.sizes import padded_vocab_size
+    from bio_megatron.data.pretrain import resolve_vocab
+    from bio_megatron.interchange.megatron_lm import TRACKER, _megatron_args
+    from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
+    from bio_megatron.models.bert import build_model
+    from bio_megatron.models.init import init_weights
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    single_process()
+    root = tmp_path_factory.mktemp("verify")
+    tok = WordPieceTokenizer(resolve_vocab("bert_base_uncased"), True)
+    m = ModelConfig(size="tiny", max_position_embeddings=MAX_POS, encoder_seq_length=MAX_POS, bert_binary_head=True,
+                    transformer_impl="local", layernorm_epsilon=1e-5)
+    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+    init_weights(model, 3, 0.02, m.shape().num_layers)
+    g = torch.Generator().manual_seed(11)
+    full = {}
+    for k, t in model.state_dict().items():
+        if torch.is_tensor(t) and not k.endswith("_extra_state"):
+            # std-0.02 init gives near-uniform attention, where even Q<->K barely shows: sharpen every weight
+            full[k] = t + (0.2 if t.dim() == 1 else 0.1) * torch.randn(t.shape, generator=g)
+    padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
+    shard = root / "mlm" / "release" / "mp_rank_00" / "model_optim_rng.pt"
+    shard.parent.mkdir(parents=True)
+    torch.save({"model": mcore_to_legacy_shards(full, 1)[0], "args": _megatron_args(m, tok, 1, padded, 0),
+                "checkpoint_version": 3.0, "iteration": 0}, shard)
+    (root / "mlm" / TRACKER).write_text("release")
+    (root / "mlm" / "vocab.txt").write_text(Path(tok.vocab_file).read_text())
+    return {"mlm": root / "mlm", "root": root, "full": full, "m": m, "vocab": tok.vocab_size}
+
+
+def _cli(source, out: Path, tolerance: float) -> tuple[int, dict]:
+    import contextlib
+    import io
+
+    from bio_megatron.cli.convert import run_import_megatron_lm
+
+    ns = argparse.Namespace(checkpoint=str(source["mlm"]), out=str(out), vocab=None, num_attention_heads=None,
+                            overwrite=False, verify=True, tolerance=tolerance)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = run_import_megatron_lm(ns)
+    return code, json.loads(buf.getvalue())
+
+
+def test_fixed_batch_is_padded():
+    from bio_megatron.interchange.verify import fixed_batch
+
+    ids, mask, types = fixed_batch(1000, 512)
+    assert mask.sum(1).tolist() == [24, 16, 8] and (ids[mask == 0] == 0).all()
+    assert types.max() == 1 and (types[mask == 0] == 0).all()
+
+
+def test_verify_passes_and_cli_exits_1_above_tolerance(source, tmp_path):
+    code, result = _cli(source, tmp_path / "ok", 1e-4)
+    report = result["verify"]
+    print(f"legacy import --verify: max |logit diff| {report['max_abs_diff']:.3g} {report['outputs']}")
+    assert code == 0 and report["verified"] and set(report["outputs"]) == {"mlm", "nsp"}
+    assert report["max_abs_diff"] < 1e-4 and report["batch"]["lengths"] == [24, 16, 8]
+    code, result = _cli(source, tmp_path / "strict", 1e-12)  # fp32 through two implementations is not bit-equal
+    assert code == 1 and not result["verify"]["verified"] and (tmp_path / "strict").is_dir()
+
+
+def _reference(source, state=None, eps=1e-5):
+    from bio_megatron.interchange.verify import hf_reference
+
+    return hf_reference(state or source["full"], source["m"].shape(), source["vocab"], binary_head=True,
+                        layernorm_epsilon=eps, max_position_embeddings=MAX_POS)
+
+
+def test_verify_catches_silent_conversion_errors(source, tmp_path):
+    from bio_megatron.interchange.megatron_lm import import_megatron_lm
+    from bio_megatron.interchange.verify import verify_import
+
+    out = tmp_path / "imported"
+    import_megatron_lm(source["mlm"], out)
+    good = verify_import(_reference(source), out)
+    wrong_eps = verify_import(_reference(source, eps=1e-1), out)
+    swapped = dict(source["full"])
+    for k in [k for k in swapped if k.endswith("linear_qkv.weight")]:  # Q <-> K inside every head
+        w = swapped[k].view(HEADS, 3, -1, swapped[k].shape[-1])
+        swapped[k] = w[:, [1, 0, 2]].reshape(swapped[k].shape)
+    qk = verify_import(_reference(source, swapped), out)
+    print(f"verify: correct {good['max_abs_diff']:.3g}, eps 1e-1 {wrong_eps['max_abs_diff']:.3g}, "
+          f"Q<->K {qk['max_abs_diff']:.3g}")
+    assert good["verified"]
+    assert not wrong_eps["verified"] and wrong_eps["max_abs_diff"] > 1e-3
+    assert not qk["verified"] and qk["max_abs_diff"] > 1e-3
