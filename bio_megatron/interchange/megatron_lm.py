@@ -291,7 +291,7 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
     if reference is not None:
         from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
 
-        result["verify"] = verify_import(reference, out, tolerance=tolerance or FP32_TOLERANCE,
+        result["verify"] = verify_import(reference, out, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
                                          source=f"{where} via transformers MegatronBertForPreTraining")
     return result
 
