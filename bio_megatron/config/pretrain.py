@@ -22,7 +22,8 @@ class TrainerConfig:
     """Processes per node; informational (the world comes from torchrun/SLURM), checked when an int."""
     num_nodes: int = 1
     precision: Literal["32", "16", "bf16", "16-mixed", "bf16-mixed"] | int = "bf16"
-    """Mixed precision on GPU; CPU runs always compute in fp32."""
+    """Compute dtype, honoured on CPU as on GPU: bf16/bf16-mixed (bfloat16), 16/16-mixed (float16 with dynamic
+    loss scaling), 32. Half precision always keeps fp32 main parameters in megatron-core's optimizer."""
     max_steps: int = 100_000
     log_every_n_steps: int = 10
     val_check_interval: int = 1000
@@ -71,12 +72,23 @@ class DataConfig:
     splits_string: str = "900,50,50"
     masked_lm_prob: float = 0.15
     short_seq_prob: float = 0.1
-    whole_word_masking: bool = True
+    masking: Literal["token", "whole_word"] | None = None
+    """BERT's masking unit. whole_word (PubMedBERT, BioM-BERT, Megatron-LM): a word's ``##`` continuations are
+    masked, kept or replaced together with its first piece; token: each WordPiece on its own (original BERT).
+    None: from ``whole_word_masking``, else whole_word."""
+    whole_word_masking: bool | None = None
+    """Older spelling of ``masking`` (true = whole_word), still read; set only one of the two, or equal values."""
     max_ngram: int = 1
     index_mapping_dir: str | None = None
     """Where megatron-core caches its sample indices (default: beside the run)."""
     seed: int | None = None
     """Masking/shuffling seed (defaults to trainer.seed)."""
+
+    def whole_word(self) -> bool:
+        """The resolved masking unit (``masking`` wins; conflicts are reported by ``encoder_problems``)."""
+        if self.masking is not None:
+            return self.masking == "whole_word"
+        return self.whole_word_masking is not False
 
 
 @dataclass
@@ -135,6 +147,14 @@ class ModelConfig:
     attention_backend: Literal["auto", "sdpa", "unfused"] = "auto"
     """Local spec only: auto = PyTorch SDPA (flash/efficient kernels) on GPU, unfused on CPU."""
     use_distributed_optimizer: bool = False
+    native_amp_init_scale: float = 2.0**32
+    """fp16 only (NeMo's key): the dynamic loss scaler's initial scale."""
+    native_amp_growth_interval: int = 1000
+    """fp16 only (NeMo's key): double the loss scale after this many steps without an overflow."""
+    hysteresis: int = 2
+    """fp16 only (NeMo's key): overflowing steps tolerated before the loss scale is halved."""
+    min_loss_scale: float = 1.0
+    """fp16 only: the loss scale is never halved below this (megatron-core's ``min_loss_scale``)."""
     restore_from_path: str | None = None
     """Start a new run from this checkpoint's model weights only (continued pretraining)."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -207,6 +227,10 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
                         f"({m.micro_batch_size})")
     if not 0.0 < m.data.masked_lm_prob < 1.0:
         problems.append(f"model.data.masked_lm_prob ({m.data.masked_lm_prob}) must be in (0, 1)")
+    d = m.data
+    if None not in (d.masking, d.whole_word_masking) and d.whole_word_masking != (d.masking == "whole_word"):
+        problems.append(f"model.data.masking ({d.masking}) contradicts model.data.whole_word_masking "
+                        f"({d.whole_word_masking}); set only model.data.masking")
     if m.optim.sched.warmup_steps is not None and m.optim.sched.warmup_ratio is not None:
         problems.append("set only one of model.optim.sched.warmup_steps "
                         f"({m.optim.sched.warmup_steps}) and warmup_ratio ({m.optim.sched.warmup_ratio})")
@@ -257,7 +281,8 @@ def value_problems(m: ModelConfig, t: TrainerConfig) -> list[str]:
              ("model.max_position_embeddings", m.max_position_embeddings),
              ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
              ("model.data.max_ngram", m.data.max_ngram), ("model.optim.sched.decay_steps", sc.decay_steps),
-             ("trainer.max_nonfinite_steps", t.max_nonfinite_steps)]
+             ("trainer.max_nonfinite_steps", t.max_nonfinite_steps),
+             ("model.native_amp_growth_interval", m.native_amp_growth_interval), ("model.hysteresis", m.hysteresis)]
     problems = [f"{k} ({v}) must be >= 1" for k, v in sizes if v is not None and v < 1]
     problems += [f"{k} ({v}) must be >= 0" for k, v in (
         ("model.num_tokentypes", m.num_tokentypes), ("model.optim.sched.warmup_steps", sc.warmup_steps),
@@ -267,6 +292,9 @@ def value_problems(m: ModelConfig, t: TrainerConfig) -> list[str]:
     ranges = [("model.optim.lr", o.lr, 0.0, math.inf, True, True, "a finite number > 0"),
               ("model.optim.weight_decay", o.weight_decay, 0.0, math.inf, False, True, "a finite number >= 0"),
               ("model.optim.eps", o.eps, 0.0, math.inf, True, True, "a finite number > 0"),
+              ("model.native_amp_init_scale", m.native_amp_init_scale, 0.0, math.inf, True, True,
+               "a finite number > 0"),
+              ("model.min_loss_scale", m.min_loss_scale, 0.0, math.inf, True, True, "a finite number > 0"),
               ("model.optim.sched.min_lr", sc.min_lr, 0.0, math.inf, False, True, "a finite number >= 0"),
               ("model.optim.sched.warmup_ratio", sc.warmup_ratio, 0.0, 1.0, False, True, "in [0, 1)"),
               ("model.hidden_dropout", m.hidden_dropout, 0.0, 1.0, False, True, "in [0, 1)"),

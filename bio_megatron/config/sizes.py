@@ -26,6 +26,11 @@ SIZES: dict[str, ModelShape] = {
                        status="assumed"),
     "1.2b": ModelShape(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192,
                        status="assumed"),
+    # BERT's own shapes (Devlin et al. 2019), used by PubMedBERT, BioM-BERT, bio-lm RoBERTa, BioELECTRA.
+    "base": ModelShape(num_layers=12, hidden_size=768, num_attention_heads=12, ffn_hidden_size=3072,
+                       status="confirmed"),
+    "large": ModelShape(num_layers=24, hidden_size=1024, num_attention_heads=16, ffn_hidden_size=4096,
+                        status="confirmed"),
 }
 
 

@@ -35,7 +35,10 @@ def resolve_vocab(name_or_path: str) -> Path:
 
 
 def load_tokenizer(cfg: PretrainConfig) -> WordPieceTokenizer:
-    return WordPieceTokenizer(resolve_vocab(cfg.model.tokenizer.vocab_file), cfg.model.tokenizer.do_lower_case)
+    """WordPiece ``vocab.txt`` (or a built-in name), or a byte-level BPE folder / ``vocab.json`` (RoBERTa)."""
+    from bio_megatron.vocab.bpe import load_tokenizer as load_any
+
+    return load_any(resolve_vocab(cfg.model.tokenizer.vocab_file), cfg.model.tokenizer.do_lower_case)
 
 
 def check_prefixes(cfg: PretrainConfig, vocab_size: int) -> None:
@@ -90,7 +93,7 @@ class PretrainData:
             sequence_length=m.encoder_seq_length, blend=data_blend(m.data), split=m.data.splits_string,
             path_to_cache=str(cache_dir), tokenizer=tokenizer,
             masking_probability=m.data.masked_lm_prob, short_sequence_probability=m.data.short_seq_prob,
-            masking_max_ngram=m.data.max_ngram, masking_do_full_word=m.data.whole_word_masking,
+            masking_max_ngram=m.data.max_ngram, masking_do_full_word=m.data.whole_word(),
             masking_do_permutation=False, masking_use_longer_ngrams=False,
             masking_use_geometric_distribution=False, classification_head=m.bert_binary_head,
         )
