@@ -23,3 +23,36 @@ def pubmed_prefix(tmp_path_factory) -> Path:
     from bio_megatron.demo import build_demo_corpus
 
     return build_demo_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+# --- The pytest process must never join a process group -------------------------------------------------------
+# Every test forks its gloo worlds from this process (tests/harness.py). A process group set up here (e.g. by
+# calling a converter or the CLI in-process) leaves gloo/megatron state that forked children inherit: their own
+# initialize_model_parallel then segfaults or hangs, failing tests far from the cause. Such code belongs in
+# run_world(1, ...) or a subprocess; this guard names the test that broke the rule.
+import os  # noqa: E402
+
+_PYTEST_PID = os.getpid()
+_joined: list[str] = []
+_real_init_process_group = torch.distributed.init_process_group
+
+
+def _recording_init_process_group(*args, **kwargs):
+    if os.getpid() == _PYTEST_PID:
+        _joined.append(os.environ.get("PYTEST_CURRENT_TEST", "?"))
+    return _real_init_process_group(*args, **kwargs)
+
+
+torch.distributed.init_process_group = _recording_init_process_group
+
+
+@pytest.fixture(autouse=True)
+def _pytest_process_joins_no_process_group():
+    before = len(_joined)
+    yield
+    if len(_joined) > before:
+        from bio_megatron.parallel.distributed import teardown
+
+        teardown()
+        pytest.fail("this test set up torch.distributed in the pytest process itself; forked worlds started later "
+                    "would inherit that state (run such code in harness.run_world(1, ...) or a subprocess)")

@@ -7,7 +7,9 @@ timers something to measure; PubMed duplicates collapse to one document per PMID
 Baselines measured in the same run, on the same machine:
 * extraction: ``ElementTree.parse`` of the whole file (no streaming) + a naive regex sentence split;
 * tokenization: a per-sentence pure-Python WordPiece loop (BERT's original ``tokenization.py``
-  algorithm), checked to produce the same ids as the Rust tokenizer before its speed is compared.
+  algorithm), checked to produce the same ids as the Rust tokenizer before its speed is compared;
+* whole process (``whole_process``): ``bio-megatron data tokenize`` as a fresh process, with its stage
+  breakdown, against Megatron-LM's ``tools/preprocess_data.py`` when ``--megatron-lm`` names a checkout.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +27,8 @@ import unicodedata
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from bio_megatron.utils.log import get_logger
 
@@ -142,6 +147,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenize-repeat", type=int, default=5, help="further copies for tokenization")
     parser.add_argument("--shard-lines", type=int, default=500, help="documents per tokenization shard")
     parser.add_argument("--output", default=None, help="also write the results JSON here")
+    parser.add_argument("--megatron-lm", default=None, metavar="PATH",
+                        help="a Megatron-LM checkout: also time its tools/preprocess_data.py, whole process, on the "
+                             "same JSONL and vocabulary, and print the ratio")
+    parser.add_argument("--rounds", type=int, default=2, help="alternated whole-process runs per side (best kept)")
+    parser.add_argument("--whole-process-only", action="store_true",
+                        help="only the whole-process tokenize comparison (skip extraction and in-process stages)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -152,8 +163,10 @@ def run(args: argparse.Namespace) -> int:
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     vocab = args.vocab or str(Path(__file__).resolve().parents[1] / "resources" / "vocab" / "bert_base_uncased_vocab.txt")
-    import megatron.core.datasets.indexed_dataset  # noqa: F401  # import costs paid once, before forking
     from bio_megatron.corpus.sentences import warm_up
+
+    if args.whole_process_only:
+        return _run_whole_process_only(args, vocab)
 
     warm_up()
 
@@ -205,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         same = all((d / f"tok{args.workers[0]}{e}").read_bytes() == (d / f"tok{w}{e}").read_bytes()
                    for w in args.workers for e in (".bin", ".idx"))
         results["outputs_identical_across_workers"] = same
+        results["tokenize_whole_process"] = whole_process(corpus, vocab, max(args.workers), d, args.megatron_lm,
+                                                          args.rounds)
     base_tok = results["tokenize_baseline_python_loop"]["tokens_per_s"]
     base_ext = results["extract_baseline_etree_naive"]["records_per_s"]
     w0 = args.workers[0]
@@ -216,8 +231,110 @@ def run(args: argparse.Namespace) -> int:
         **{f"tokenize_w{w}_vs_w{w0}": round(results[f"tokenize_w{w}"]["tokens_per_s"]
                                            / results[f"tokenize_w{w0}"]["tokens_per_s"], 2) for w in args.workers[1:]},
     }
+    return _report(results, args.output)
+
+
+def _report(results: dict[str, Any], output: str | None) -> int:
     text = json.dumps(results, indent=2)
     sys.stdout.write(text + "\n")
-    if args.output:
-        Path(args.output).write_text(text + "\n")
+    if output:
+        Path(output).write_text(text + "\n")
     return 0
+
+
+def _run_whole_process_only(args: argparse.Namespace, vocab: str) -> int:
+    """The bundled sample extracted once, replicated ``repeat x tokenize_repeat`` times, then timed whole."""
+    from bio_megatron.corpus.pmc import extract_pmc
+    from bio_megatron.corpus.pubmed import extract_pubmed
+    from bio_megatron.corpus.samples import sample_files
+
+    with tempfile.TemporaryDirectory(prefix="bench-data-") as tmp:
+        d = Path(tmp)
+        extract_pubmed(sample_files()["pubmed"], d / "pm.jsonl")
+        extract_pmc(sample_files()["pmc"], d / "pmc.jsonl")
+        corpus = d / "corpus.jsonl"
+        corpus.write_text(((d / "pm.jsonl").read_text() + (d / "pmc.jsonl").read_text())
+                          * args.repeat * args.tokenize_repeat)
+        results = {"vocab": vocab, "cpus": os.cpu_count(),
+                   "tokenize_whole_process": whole_process(corpus, vocab, max(args.workers), d, args.megatron_lm,
+                                                           args.rounds)}
+    return _report(results, args.output)
+
+
+# --- whole process: `data tokenize` vs Megatron-LM's tools/preprocess_data.py ---------------------
+def _megatron_lm_tokenizer_dir(vocab: str, lowercase: bool, out: Path) -> Path:
+    """The same vocabulary as a local Hugging Face tokenizer folder, which Megatron-LM's script loads
+    offline (``--tokenizer-type HuggingFaceTokenizer``); its ``BertWordPiece*`` types fetch from the Hub."""
+    from transformers import BertTokenizer
+
+    BertTokenizer(vocab=vocab, do_lower_case=lowercase).save_pretrained(str(out))
+    return out
+
+
+def _timed_run(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return wall, proc.stdout
+
+
+def _same_ids(ours: Path, theirs: Path) -> bool:
+    """Megatron-LM writes uint16 tokens for a small vocabulary, we write int32: compare ids and index."""
+    from bio_megatron.corpus.indexed import read_index
+
+    a_len, a_doc, a_dt = read_index(f"{ours}.idx")
+    b_len, b_doc, b_dt = read_index(f"{theirs}.idx")
+    a = np.fromfile(f"{ours}.bin", a_dt)
+    b = np.fromfile(f"{theirs}.bin", b_dt)
+    return (len(a) == len(b) and bool((a.astype(np.int64) == b.astype(np.int64)).all())
+            and np.array_equal(a_len, b_len) and np.array_equal(a_doc, b_doc))
+
+
+def whole_process(corpus: Path, vocab: str, workers: int, work: Path, megatron_lm: str | None = None,
+                  rounds: int = 2, timeout: float = 3600) -> dict[str, Any]:
+    """Wall clock of ``bio-megatron data tokenize`` as a fresh process (interpreter start and imports
+    included) and, with ``megatron_lm``, of its ``tools/preprocess_data.py`` on the same JSONL (our
+    ``sentences`` key, no sentence splitting on either side), alternated ``rounds`` times; best of each."""
+    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    ours_cmd = [sys.executable, "-m", "bio_megatron", "data", "tokenize", "--input", str(corpus), "--vocab", vocab,
+                "--workers", str(workers), "--no-resume", "--output-prefix"]
+    out: dict[str, Any] = {"workers": workers, "rounds": rounds, "input_bytes": corpus.stat().st_size,
+                           "load_average_before": [round(x, 2) for x in os.getloadavg()]}
+    theirs_cmd: list[str] | None = None
+    if megatron_lm:
+        script = Path(megatron_lm) / "tools" / "preprocess_data.py"
+        if not script.is_file():
+            raise FileNotFoundError(f"{script}: not a Megatron-LM checkout (--megatron-lm)")
+        tok_dir = _megatron_lm_tokenizer_dir(vocab, WordPieceTokenizer(vocab).lowercase, work / "hf_tokenizer")
+        theirs_cmd = [sys.executable, str(script), "--input", str(corpus), "--json-keys", "sentences",
+                      "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tok_dir),
+                      "--tokenizer-hf-no-include-special-tokens", "--workers", str(workers), "--output-prefix"]
+        theirs_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(megatron_lm).resolve()),
+                                                            env.get("PYTHONPATH", "")])}
+    ours_walls: list[float] = []
+    theirs_walls: list[float] = []
+    summary: dict[str, Any] = {}
+    for r in range(rounds):  # alternate, so that load from other jobs hits both sides alike
+        wall, stdout = _timed_run(ours_cmd + [str(work / "ours")], env, timeout)
+        ours_walls.append(wall)
+        summary = json.loads(stdout)
+        if theirs_cmd is not None:
+            theirs_walls.append(_timed_run(theirs_cmd + [str(work / "theirs")], theirs_env, timeout)[0])
+    best = min(ours_walls)
+    out["ours"] = {"wall_seconds": round(best, 3), "wall_seconds_all": [round(x, 3) for x in ours_walls],
+                   "tokens": summary["tokens"], "tokens_per_s_whole_process": round(summary["tokens"] / best),
+                   # the stages as `data tokenize` reports them; "startup" is everything before its timer
+                   # started (interpreter, imports, argument parsing): wall minus its own "seconds"
+                   "stages": {"startup": round(ours_walls[-1] - summary["seconds"], 3),
+                              **summary["stage_seconds"], "in_process_seconds": summary["seconds"]}}
+    if theirs_walls:
+        out["megatron_lm"] = {"wall_seconds": round(min(theirs_walls), 3),
+                              "wall_seconds_all": [round(x, 3) for x in theirs_walls],
+                              "same_ids": _same_ids(work / "ours", work / "theirs_sentences_document")}
+        out["ratio_megatron_lm_over_ours"] = round(min(theirs_walls) / best, 2)
+    out["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out

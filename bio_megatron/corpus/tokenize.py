@@ -7,9 +7,11 @@ How the properties the pipeline promises are obtained:
 
 * **Deterministic whatever the worker count**: the input is cut into shards of a fixed number of
   lines (``shard_lines``), independent of ``workers``; each shard becomes its own small indexed
-  dataset, and the shards are concatenated in order with ``IndexedDatasetBuilder.add_index``.
+  dataset, and the shards are concatenated in order (``corpus.indexed.IndexedWriter.add_index``).
 * **Streaming**: the reader keeps at most ``2 * workers`` shards in flight, so memory does not grow
-  with the corpus (only megatron's in-memory index of sentence lengths does, ~8 bytes a sentence).
+  with the corpus (only the in-memory index of sentence lengths does, ~4 bytes a sentence).
+* **No torch**: the ``.bin/.idx`` are written with numpy in megatron-core's format (``corpus.indexed``,
+  proven byte-identical to its ``IndexedDatasetBuilder``), so the run never imports torch or megatron.
 * **Resumable**: finished shards live in ``<prefix>.shards/`` with a ``.json`` written last; a rerun
   with the same inputs, vocabulary and settings reuses them. A manifest guards against mixing runs.
 * **Atomic**: shards and the final pair are written to temporary names (with the writer's PID) and
@@ -26,18 +28,22 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from concurrent.futures import Future, ProcessPoolExecutor
+from itertools import chain
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from bio_megatron.corpus.indexed import IndexedWriter, index_bytes
 from bio_megatron.corpus.schema import ReadStats, parse_record, parse_text_record
 from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
+from bio_megatron.vocab.bpe import bpe_files, is_bpe, load_tokenizer
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
@@ -45,7 +51,8 @@ _TOKENIZER: WordPieceTokenizer | None = None
 # Megatron-LM mode: the JSON keys whose text makes a document (None: our ``sentences`` schema). A
 # worker global like the tokenizer, so ``_tokenize_shard``'s signature stays (index, lines, prefix).
 _JSON_KEYS: tuple[str, ...] | None = None
-_MANIFEST_VERSION = 1
+# 2: shard indices are megatron .idx files (1: np.savez), so shards of version-1 runs are not reused.
+_MANIFEST_VERSION = 2
 
 
 def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None) -> None:
@@ -53,7 +60,7 @@ def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] 
     _JSON_KEYS = json_keys
     # One process = one core: stop the Rust tokenizer from also spawning its own thread pool.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _TOKENIZER = WordPieceTokenizer(vocab, lowercase=lowercase)
+    _TOKENIZER = load_tokenizer(vocab, lowercase=lowercase)
 
 
 def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str, int, bytes]]]:
@@ -76,52 +83,51 @@ def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str
 
 
 def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefix: str) -> dict[str, Any]:
-    """Worker: decode, validate and tokenize one shard, write its tokens and index, return counts."""
+    """Worker: decode, validate and tokenize one shard, write it as a small indexed dataset, return counts."""
     assert _TOKENIZER is not None
+    t0 = time.perf_counter()
     stats = ReadStats()
-    docs: list[list[str]] = []
+    sents: list[str] = []
+    doc_sizes: list[int] = []  # sentences per usable record
     for path, lineno, raw in lines:
         if _JSON_KEYS is None:
             obj, why = parse_record(raw)
-            sents = obj["sentences"] if why is None else []
+            doc = obj["sentences"] if why is None else []
         else:
             # Several keys (title, text): one document, their sentences in the order the keys were given.
             texts, why = parse_text_record(raw, _JSON_KEYS)
-            sents = [x for t in (texts or []) for x in split_sentences(t)]
+            doc = [x for t in (texts or []) for x in split_sentences(t)]
         if why is not None:
             stats.skip(f"{path}:{lineno}", why)
             continue
-        docs.append([s for s in sents if s.strip()])
-    flat = [s for d in docs for s in d]
-    ids = _TOKENIZER.tokenize_batch(flat) if flat else []
-    # The shard is raw int32 tokens + its sequence/document index; the parent appends it to
-    # megatron's IndexedDatasetBuilder. Workers stay light (no torch/megatron import per process).
-    lengths: list[int] = []
-    doc_index = [0]
-    n_docs = n_tokens = 0
-    pos = 0
+        n = len(sents)
+        sents.extend(s for s in doc if s.strip())
+        doc_sizes.append(len(sents) - n)
+    t1 = time.perf_counter()
+    ids = _TOKENIZER.tokenize_batch(sents) if sents else []
+    t2 = time.perf_counter()
+    # Whole-shard numpy instead of per-document lists: the tokens are all ids back to back (an empty
+    # sentence has none); only the index needs the document structure.
+    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), np.int32, int(lengths.sum()))
+    keep = lengths > 0  # whitespace-only sentence -> no item
+    doc_of = np.repeat(np.arange(len(doc_sizes)), doc_sizes)
+    kept = np.bincount(doc_of[keep], minlength=len(doc_sizes))
+    kept = kept[kept > 0]  # megatron's samplers assume every document has at least one sentence
+    doc_index = np.concatenate([[0], np.cumsum(kept)])
     tmp = f".tmp-{os.getpid()}"  # unique per writer, so two writers can never share a half-written file
     with open(shard_prefix + ".bin" + tmp, "wb") as fh:
-        for doc in docs:
-            seqs = [x for x in ids[pos:pos + len(doc)] if x]  # whitespace-only sentence -> no item
-            pos += len(doc)
-            if not seqs:
-                continue  # megatron's samplers assume every document has at least one sentence
-            fh.write(np.concatenate([np.asarray(x, np.int32) for x in seqs]).tobytes())
-            lengths += [len(x) for x in seqs]
-            doc_index.append(len(lengths))
-            n_docs += 1
-            n_tokens += sum(len(x) for x in seqs)
-    n_sents = len(lengths)
+        fh.write(tokens.tobytes())
     with open(shard_prefix + ".idx" + tmp, "wb") as fh:
-        np.savez(fh, sequence_lengths=np.asarray(lengths, np.int32), document_indices=np.asarray(doc_index, np.int64))
-    unk = _TOKENIZER.unk
-    n_unk = sum(x.count(unk) for x in ids)
+        fh.write(index_bytes(lengths[keep], doc_index))
     for ext in (".bin", ".idx"):
         os.replace(shard_prefix + ext + tmp, shard_prefix + ext)
-    result = {"shard": index, "lines": len(lines), "documents": n_docs, "sentences": n_sents,
-              "tokens": n_tokens, "unknown_tokens": n_unk, "skipped_records": stats.skipped,
-              "empty_documents": len(docs) - n_docs, "problems": stats.problems}
+    t3 = time.perf_counter()
+    result = {"shard": index, "lines": len(lines), "documents": len(kept), "sentences": int(keep.sum()),
+              "tokens": len(tokens), "unknown_tokens": int(np.count_nonzero(tokens == _TOKENIZER.unk)),
+              "skipped_records": stats.skipped, "empty_documents": len(doc_sizes) - len(kept),
+              "problems": stats.problems,
+              "stage_seconds": {"parse": t1 - t0, "encode": t2 - t1, "write": t3 - t2}}
     with open(shard_prefix + ".json" + tmp, "w") as fh:
         json.dump(result, fh)
     os.replace(shard_prefix + ".json" + tmp, shard_prefix + ".json")  # the shard's commit point
@@ -177,7 +183,9 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
             raise DataError("empty file (0 bytes)", str(path))
     keys = tuple(json_keys) if json_keys else None
     vocab = Path(vocab)
-    tokenizer = WordPieceTokenizer(vocab, lowercase=lowercase)  # validates the vocab before any work
+    if is_bpe(vocab):  # a byte-level BPE folder: its vocab.json names (and fingerprints) the vocabulary
+        vocab = bpe_files(vocab)[0]
+    tokenizer = load_tokenizer(vocab, lowercase=lowercase)  # validates the vocab before any work
     prefix = Path(output_prefix)
     with exclusive_lock(f"{prefix}.lock", f"output prefix {prefix}"):
         try:
@@ -205,6 +213,7 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
 
     results: dict[int, dict[str, Any]] = {}
     reused = 0
+    reused_ids: set[int] = set()
     progress = Progress("tokenize shards", total_bytes=sum(p.stat().st_size for p in paths if p.is_file()))
     if keys is not None:
         warm_up()  # load NLTK once; forked workers inherit it
@@ -216,6 +225,7 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
         _init_worker_in_process(tokenizer, keys)
     pending: dict[int, Future] = {}
     shard_bytes: dict[int, int] = {}
+    stages = {"read": 0.0, "parse": 0.0, "encode": 0.0, "write": 0.0}
 
     def collect(block: bool) -> None:
         for k in sorted(pending):
@@ -225,13 +235,14 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
                 progress.update(1, tokens=r["tokens"], nbytes=shard_bytes.pop(k), docs=r["documents"])
 
     try:
-        for k, lines in enumerate(_iter_shards(paths, shard_lines)):
+        for k, lines in enumerate(_timed(_iter_shards(paths, shard_lines), stages)):
             shard_bytes[k] = sum(len(raw) for _, _, raw in lines)
             shard_prefix = str(work / f"shard-{k:06d}")
             done = Path(shard_prefix + ".json")
             if resume and done.is_file() and Path(shard_prefix + ".bin").is_file():
                 results[k] = json.loads(done.read_text())
                 reused += 1
+                reused_ids.add(k)
                 progress.update(1, nbytes=shard_bytes.pop(k))
                 continue
             if pool is None:
@@ -258,13 +269,19 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
         if not results:
             raise DataError("no documents found in the inputs (only blank lines)", ", ".join(map(str, paths)))
         raise _no_usable_records(paths, results, keys)
+    t0 = time.perf_counter()
     _write_output(prefix, work, len(results))
+    stages["write"] += time.perf_counter() - t0
     if not keep_shards:
         shutil.rmtree(work)
 
     tot = {key: sum(r[key] for r in results.values()) for key in
            ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
     elapsed = progress.elapsed
+    for k in sorted(results):  # reused shards keep the timings of the run that made them: leave them out
+        if "stage_seconds" in results[k] and k not in reused_ids:
+            for name, sec in results[k]["stage_seconds"].items():
+                stages[name] += sec
     summary = {**tot, "shards": len(results), "shards_reused": reused, "workers": workers,
                "lowercase": tokenizer.lowercase, "vocab": str(vocab), "vocab_size": tokenizer.vocab_size,
                "json_keys": list(keys) if keys else None,
@@ -273,7 +290,10 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
                "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
                "tokens_per_s": round(tot["tokens"] / max(tokenize_s, 1e-9)),
                "docs_per_s": round(tot["documents"] / max(tokenize_s, 1e-9), 1),
-               "output_prefix": str(prefix)}
+               "output_prefix": str(prefix),
+               # read and the final write run in this process; parse, encode and shard writes are
+               # summed over the workers (worker-seconds, > wall time when workers overlap).
+               "stage_seconds": {name: round(sec, 3) for name, sec in stages.items()}}
     log.info("tokenized %d documents, %d sentences, %d tokens (unk %.4f%%, %d bad records skipped) "
              "in %.1fs: %s tokens/s", tot["documents"], tot["sentences"], tot["tokens"],
              100 * summary["unknown_rate"], tot["skipped_records"], elapsed, f"{summary['tokens_per_s']:,}")
@@ -282,15 +302,21 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
 
 def _write_output(prefix: Path, work: Path, n_shards: int) -> None:
     """Concatenate the shards in order into ``<prefix>.bin/.idx``, under PID-suffixed temporary names
-    first, removed again on any failure so that nothing half-written is left beside the outputs."""
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    first, removed again on any failure so that nothing half-written is left beside the outputs.
 
+    Written by ``corpus.indexed`` (numpy), byte-identical to megatron-core's ``IndexedDatasetBuilder``:
+    importing torch and megatron-core only for this cost more than the whole tokenization of a small corpus.
+    """
     tmp = Path(f"{prefix}.tmp-{os.getpid()}")
     try:
-        builder = IndexedDatasetBuilder(f"{tmp}.bin", dtype=np.int32)
-        for k in range(n_shards):
-            _append_shard(builder, str(work / f"shard-{k:06d}"))
-        builder.finalize(f"{tmp}.idx")
+        writer = IndexedWriter(f"{tmp}.bin", dtype=np.int32)
+        try:
+            for k in range(n_shards):
+                writer.add_index(work / f"shard-{k:06d}")
+            writer.finalize(f"{tmp}.idx")
+        except BaseException:
+            writer.close()
+            raise
         os.replace(f"{tmp}.bin", f"{prefix}.bin")
         os.replace(f"{tmp}.idx", f"{prefix}.idx")
     finally:
@@ -301,17 +327,17 @@ def _write_output(prefix: Path, work: Path, n_shards: int) -> None:
 _PREV_PAR: list[str | None] = [None]
 
 
-def _append_shard(builder: Any, shard_prefix: str) -> None:
-    """Append one shard to an ``IndexedDatasetBuilder``: the same index arithmetic as its ``add_index``
-    (which needs a megatron ``.idx`` per shard and runs ``gc.collect()`` per call, 0.2 s each once torch
-    is loaded) and byte-for-byte the data ``add_item``/``add_document`` would write."""
-    with np.load(shard_prefix + ".idx") as idx:
-        lengths, docs = idx["sequence_lengths"], idx["document_indices"]
-    offset = len(builder.sequence_lengths)
-    builder.sequence_lengths.extend(lengths.tolist())
-    builder.document_indices.extend((offset + docs[1:]).tolist())
-    with open(shard_prefix + ".bin", "rb") as fh:
-        shutil.copyfileobj(fh, builder.data_file)
+def _timed(it: Iterator[Any], stages: dict[str, float]) -> Iterator[Any]:
+    """``it``, adding the time spent producing each item to ``stages["read"]``."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        finally:
+            stages["read"] += time.perf_counter() - t0
+        yield item
 
 
 def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str, ...] | None = None) -> None:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from harness import run_world
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB_FILE = ROOT / "bio_megatron" / "resources" / "vocab" / "bert_base_uncased_vocab.txt"
@@ -52,14 +53,27 @@ def folders(tmp_path_factory) -> dict:
     return {"root": root, "hf": root / "hf", "other": root / "other", "tokens": tokens}
 
 
-def _cli(*argv: str) -> tuple[int, dict | None]:
-    """The CLI in this process (its one-line errors go to the log: see _refused for stderr)."""
-    from bio_megatron.cli import main
+def _cli_child(argv: list[str]) -> tuple[int, str, str]:
+    import logging
 
+    from bio_megatron.cli import main
+    from bio_megatron.utils.log import setup_logging
+
+    setup_logging()
+    logged = io.StringIO()
+    handler = logging.StreamHandler(logged)
+    logging.getLogger("bio_megatron").addHandler(handler)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(list(argv))
-    return code, (json.loads(out.getvalue()) if out.getvalue().strip() else None)
+        code = main(argv)
+    return code, out.getvalue(), logged.getvalue()
+
+
+def _cli(*argv: str) -> tuple[int, dict | None, str]:
+    """The CLI in a forked 1-rank world (fast: no new interpreter; and the distributed state it sets up stays out of
+    the pytest process, whose later forks must not inherit it): exit code, JSON result, what it logged."""
+    ((code, text, log),) = run_world(1, _cli_child, list(argv))
+    return code, (json.loads(text) if text.strip() else None), log
 
 
 def _refused(folder: Path, out: Path) -> str:
@@ -75,7 +89,7 @@ def test_tokenizer_json_only_folder_imports_and_verifies(folders, tmp_path):
     import yaml
 
     assert not (folders["hf"] / "vocab.txt").exists() and (folders["hf"] / "tokenizer.json").exists()
-    code, result = _cli("import", "hf", "--model", str(folders["hf"]), "--out", str(tmp_path / "ckpt"), "--verify")
+    code, result, _ = _cli("import", "hf", "--model", str(folders["hf"]), "--out", str(tmp_path / "ckpt"), "--verify")
     report = result["verify"]
     print(f"import hf --verify (tokenizer.json only): max |logit diff| {report['max_abs_diff']:.3g} "
           f"{report['outputs']}")
@@ -89,15 +103,19 @@ def test_tokenizer_json_only_folder_imports_and_verifies(folders, tmp_path):
     assert cfg["model"]["tokenizer"]["do_lower_case"] is True  # from the normalizer, not guessed
 
 
-def test_verify_catches_a_checkpoint_that_is_not_the_folders(folders, tmp_path):
+def _verify_against_other(other: str, hf: str, tmp: str) -> dict:
     from bio_megatron.export.hf import import_hf, verify_hf_import
 
-    import_hf(folders["other"], tmp_path / "other_ckpt")  # same shape and vocabulary, other weights
-    report = verify_hf_import(folders["hf"], tmp_path / "other_ckpt")
+    import_hf(Path(other), Path(tmp) / "other_ckpt")  # same shape and vocabulary, other weights
+    return verify_hf_import(Path(hf), Path(tmp) / "other_ckpt")
+
+
+def test_verify_catches_a_checkpoint_that_is_not_the_folders(folders, tmp_path):
+    (report,) = run_world(1, _verify_against_other, str(folders["other"]), str(folders["hf"]), str(tmp_path))
     print(f"import hf --verify against another checkpoint: max |logit diff| {report['max_abs_diff']:.3g}")
     assert not report["verified"] and report["max_abs_diff"] > 0.1
     # and the CLI exits 1 above the tolerance
-    code, result = _cli("import", "hf", "--model", str(folders["hf"]), "--out", str(tmp_path / "strict"),
+    code, result, _ = _cli("import", "hf", "--model", str(folders["hf"]), "--out", str(tmp_path / "strict"),
                            "--verify", "--tolerance", "1e-12")
     assert code == 1 and result["verify"]["verified"] is False
 
@@ -128,7 +146,7 @@ def test_relu_megatron_bert_would_otherwise_be_wrong(folders, tmp_path):
     assert diff > 0.1, diff
 
 
-def test_tokenizers_it_cannot_reproduce_exit_2(folders, tmp_path, caplog):
+def test_tokenizers_it_cannot_reproduce_exit_2(folders, tmp_path):
     for name, edit, message in (
             ("bpe", lambda t: {**t, "model": {**t["model"], "type": "BPE"}}, "tokenizer model 'BPE'"),
             ("accents", lambda t: {**t, "normalizer": {**t["normalizer"], "strip_accents": False}},
@@ -139,6 +157,5 @@ def test_tokenizers_it_cannot_reproduce_exit_2(folders, tmp_path, caplog):
         shutil.copytree(folders["hf"], folder)
         tok = json.loads((folder / "tokenizer.json").read_text())
         (folder / "tokenizer.json").write_text(json.dumps(edit(tok)))
-        caplog.clear()
-        code, _ = _cli("import", "hf", "--model", str(folder), "--out", str(tmp_path / f"{name}_ckpt"))
-        assert code == 2 and message in caplog.text, (name, caplog.text)
+        code, _, log = _cli("import", "hf", "--model", str(folder), "--out", str(tmp_path / f"{name}_ckpt"))
+        assert code == 2 and message in log, (name, log)
