@@ -57,9 +57,11 @@ def run_pretrain(args: argparse.Namespace) -> int:
         from bio_megatron.config.loader import to_dict
         from bio_megatron.config.sizes import padded_vocab_size, parameter_count
         from bio_megatron.data.pretrain import resolve_vocab
+        from bio_megatron.vocab.bpe import BPETokenizer, is_bpe
         from bio_megatron.vocab.wordpiece import read_vocab
 
-        vocab = len(read_vocab(resolve_vocab(cfg.model.tokenizer.vocab_file)))
+        path = resolve_vocab(cfg.model.tokenizer.vocab_file)
+        vocab = BPETokenizer(path).vocab_size if is_bpe(path) else len(read_vocab(path))
         padded = padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size)
         n = parameter_count(cfg.model.shape(), padded, cfg.model.max_position_embeddings, cfg.model.num_tokentypes,
                             cfg.model.bert_binary_head)

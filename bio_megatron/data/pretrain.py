@@ -88,6 +88,15 @@ class PretrainData:
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.num_microbatches = m.global_batch_size // (m.micro_batch_size * dp_size)
         check_prefixes(cfg, tokenizer.vocab_size)
+        if m.objective == "mlm":  # RoBERTa: our packed, dynamically masked dataset (no [PAD] = 0 needed)
+            from bio_megatron.data.roberta import build_roberta_splits
+
+            self.train, self.valid = build_roberta_splits(
+                data_blend(m.data)[0][0], m.data.splits_string,
+                [t.max_steps * m.global_batch_size, t.limit_val_batches * m.global_batch_size],
+                m.encoder_seq_length, tokenizer, m.data.masked_lm_prob,
+                m.data.seed if m.data.seed is not None else t.seed)
+            return
         ds_cfg = BERTMaskedWordPieceDatasetConfig(
             random_seed=m.data.seed if m.data.seed is not None else t.seed,
             sequence_length=m.encoder_seq_length, blend=data_blend(m.data), split=m.data.splits_string,
