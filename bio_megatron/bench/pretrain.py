@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per model (default 20 GPU, 3 CPU)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 GPU, 1 CPU)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "16", "fp16", "32"],
-                        help="compute precision on GPU (CPU always runs fp32)")
+                        help="compute precision (honoured on CPU as on GPU)")
     parser.add_argument("--attention", default="auto", choices=["auto", "sdpa", "unfused"],
                         help="our local spec's core attention (auto: SDPA on GPU, unfused on CPU; TE when present)")
     parser.add_argument("--hf-attention", default="sdpa", choices=["sdpa", "eager"],

@@ -16,6 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     hf.add_argument("--checkpoint", required=True, help="checkpoint directory, its checkpoints folder or run dir")
     hf.add_argument("--out", required=True, help="output folder: new or empty (written atomically)")
     hf.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP.format("export hf"))
+    hf.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32",
+                    help="weights' dtype in the folder (default fp32; from a bf16/fp16 run: its fp32 main parameters)")
     hf.set_defaults(func=run_export)
 
     i = sub.add_parser("import", help="import weights from another format as a BioMegatron checkpoint")
@@ -35,7 +37,7 @@ def run_export(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
 
     try:
-        print(json.dumps(export_hf(args.checkpoint, args.out, overwrite=args.overwrite), indent=2))
+        print(json.dumps(export_hf(args.checkpoint, args.out, overwrite=args.overwrite, dtype=args.dtype), indent=2))
     finally:
         teardown()
     return 0

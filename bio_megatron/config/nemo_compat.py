@@ -61,8 +61,6 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("model.apply_query_key_layer_scaling", None, "numerics only: the 1/layer scaling is undone in the fp32 softmax"),
     ("model.pre_process", None, "set per pipeline stage by the engine"),
     ("model.post_process", None, "set per pipeline stage by the engine"),
-    ("model.native_amp_init_scale", None, "fp16 loss scaling uses megatron-core's dynamic scaler defaults"),
-    ("model.native_amp_growth_interval", None, "fp16 loss scaling uses megatron-core's dynamic scaler defaults"),
     ("model.megatron_amp_O2", None, "mixed precision here is always O2-style: bf16/fp16 weights with fp32 main "
                                     "weights in megatron-core's optimizer (trainer.precision chooses the dtype)"),
     ("model.grad_allreduce_chunk_size_mb", None, "gradient bucketing is megatron-core DDP's"),

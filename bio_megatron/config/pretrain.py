@@ -132,6 +132,10 @@ class ModelConfig:
     micro_batch_size: int = 8
     global_batch_size: int = 256
     bert_binary_head: bool = False
+    objective: Literal["bert", "mlm"] = "bert"
+    """Pretraining objective. bert: megatron-core's BERT dataset (masked LM, plus NSP when bert_binary_head).
+    mlm: RoBERTa / bio-lm (``bio_megatron/data/roberta.py``): masked LM only with dynamic masking, sequences
+    packed from consecutive full sentences across documents; any vocabulary, byte-level BPE included."""
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-12
@@ -191,8 +195,26 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
         ("trainer.max_steps", t.max_steps, 1), ("trainer.val_check_interval", t.val_check_interval, 1),
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
     problems += encoder_problems(cfg.model, cfg.trainer, world_size)
+    problems += objective_problems(cfg.model)
     if problems:
         raise ConfigError(problems)
+
+
+def objective_problems(m: ModelConfig) -> list[str]:
+    """What ``model.objective: mlm`` (RoBERTa's dataset) cannot do."""
+    if m.objective != "mlm":
+        return []
+    problems = []
+    if m.bert_binary_head:
+        problems.append("model.objective (mlm) has no next-sentence task: set model.bert_binary_head=false")
+    if m.data.masking == "whole_word" or (m.data.masking is None and m.data.whole_word_masking):
+        problems.append("model.objective (mlm) masks single tokens as RoBERTa; whole-word masking is BERT's "
+                        "option: set model.data.masking=token")
+    prefixes, _ = data_blend(m.data)
+    if len(prefixes) > 1:
+        problems.append(f"model.objective (mlm) reads one data prefix, not a blend of {len(prefixes)} "
+                        f"({', '.join(prefixes)}): concatenate the corpora when tokenizing")
+    return problems
 
 
 def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None) -> list[str]:

@@ -54,7 +54,7 @@ from bio_megatron.export.hf_heads import (BERT_PLAIN_CLASS, CLASS_TASK, PLAIN_CL
 from bio_megatron.models.hf_convert import (bert_to_roberta, hf_config, hf_to_mcore, mcore_to_hf, roberta_config,
                                            roberta_position_offset, roberta_to_bert)
 from bio_megatron.tasks.model import Source, resolve_source
-from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.bpe import BPETokenizer, bpe_files, load_tokenizer
@@ -84,9 +84,15 @@ def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
 EXPORT_COMMAND, IMPORT_COMMAND = "export hf", "import hf"  # the names in each output folder's marker
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, dtype: str = "fp32") -> dict:
     """Write an HF folder for ``checkpoint`` (pretraining or fine-tuned, any saved layout); returns a summary.
-    ``out`` must be absent or empty, or (``overwrite``) an earlier ``export hf`` output."""
+    ``out`` must be absent or empty, or (``overwrite``) an earlier ``export hf`` output. ``dtype`` (fp32, bf16)
+    is the weights' dtype in the folder; fp32 from a bf16/fp16 run takes its fp32 main parameters."""
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"--dtype ({dtype!r}) must be one of {', '.join(EXPORT_DTYPES)}")
     from bio_megatron.predict.common import single_process
 
     check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
@@ -106,6 +112,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) 
                and k not in ("cls.predictions.decoder.weight", "lm_head.decoder.weight")]
     if missing or unexpected:
         raise CheckpointError(f"conversion incomplete for {cls}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    hf_model.to(EXPORT_DTYPES[dtype])  # the model was built and loaded in fp32: one rounding, here
     with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         if remote:
@@ -114,9 +121,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False) 
         if labels:
             (tmp / "label_ids.csv").write_text("\n".join(labels) + "\n", encoding="utf-8")
         (tmp / "bio_megatron_export.json").write_text(json.dumps(
-            {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote}, indent=2) + "\n")
+            {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote, "dtype": dtype},
+            indent=2) + "\n")
     log.info("exported %s -> %s (%s%s)", src.path, out, cls, ", trust_remote_code=True to load" if remote else "")
-    return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote}
+    return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote, "dtype": dtype}
 
 
 def _hf_class(name: str, remote: bool) -> type:

@@ -35,15 +35,28 @@ def have_transformer_engine() -> bool:
 
 
 def precision_dtype(precision: str | int) -> torch.dtype:
-    """The compute dtype for a NeMo-style precision flag; CPU always trains in fp32."""
-    if not torch.cuda.is_available():
-        return torch.float32
+    """The compute dtype for a NeMo-style precision flag, the same on CPU as on GPU (``bf16``/``bf16-mixed``:
+    bfloat16, ``16``/``16-mixed``: float16, ``32``: float32), so that the half-precision path a GPU run takes
+    (``Float16Module``, fp32 main parameters, loss scaling) is the one CPU tests exercise."""
     p = str(precision)
     if p.startswith("bf16"):
         return torch.bfloat16
     if p.startswith("16"):
         return torch.float16
     return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``bfloat16`` (as written to metrics.jsonl and checkpoints)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def describe_precision(dtype: torch.dtype) -> str:
+    """The compute dtype for the start-of-run log line, with what goes with it."""
+    if dtype == torch.float32:
+        return "float32"
+    scaling = ", dynamic loss scaling" if dtype == torch.float16 else ""
+    return f"{dtype_name(dtype)} (fp32 main parameters and gradient reduction{scaling})"
 
 
 def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:

@@ -22,7 +22,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.data.pretrain import resolve_vocab
-from bio_megatron.models.bert import precision_dtype
+from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.heads import build_head
 from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_model, load_into, resolve_source,
@@ -31,7 +31,7 @@ from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
 from bio_megatron.training.metrics import TensorBoardLog
-from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.signals import StopRequest
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
@@ -184,7 +184,13 @@ def setup(cfg: FinetuneConfig):
     if src is not None:
         load_into(model, src, encoder_only=not same_task)
         log.info("restored %s from %s (%s)", "encoder + head" if same_task else "encoder", src.path, src.kind)
-    ddp = DistributedDataParallel(config=model.config, module=model, ddp_config=DistributedDataParallelConfig(
+    stage = model
+    if dtype != torch.float32:
+        # As pretraining (training/pretrain.py::build_stage): half-precision weights, fp32 outputs to the loss.
+        from megatron.core.transformer.module import Float16Module
+
+        stage = Float16Module(model.config, model)
+    ddp = DistributedDataParallel(config=model.config, module=stage, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer))
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
@@ -206,7 +212,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
     batches = Batches(task, cfg)
     max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * batches.steps_per_epoch
     every = t.val_every(batches.steps_per_epoch)
-    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
+    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
     scheduler = build_scheduler(optimizer, m.optim, max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
     run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
@@ -229,13 +235,14 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
     history: list[dict] = []
     if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
-        state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout)
+        state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout,
+                                          compute_dtype=dtype_name(dtype))
         saved = json.loads((resume_root / "state.json").read_text())
         best.update(saved["best"], metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
         history.extend(saved["history"])
         log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
     meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-            "labels": getattr(task, "labels", None)}
+            "labels": getattr(task, "labels", None), "compute_dtype": dtype_name(dtype)}
 
     def evaluate_dev(step: int) -> None:
         if not state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)
@@ -263,12 +270,18 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
 
     def on_step(s: int, r: StepResult) -> None:
         tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
+        scale = loss_scale(optimizer)  # fp16 only
         history.append({"step": s, "loss": r.loss if math.isfinite(r.loss) else None, "lr": r.lr,
-                        **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {})})
+                        **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
+                        **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})
         if s % t.log_every_n_steps == 0 or s == 1 or s == max_steps or r.skipped:
-            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s%s", s, max_steps, r.loss, r.lr,
+            overflow = r.skipped and not r.nonfinite and scale is not None
+            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s%s%s", s, max_steps, r.loss, r.lr,
                      f"{r.grad_norm:.3f}" if r.grad_norm is not None else "-",
-                     f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else "")
+                     f" | loss_scale {scale:.4g}" if scale is not None else "",
+                     f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else
+                     f" | fp16 gradient overflow: update skipped ({state.skipped_steps} skipped so far)" if overflow
+                     else "")
 
     def save_for_resume(step: int) -> None:
         """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
@@ -283,9 +296,9 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
     state.hooks = {"on_step": on_step, "should_validate": lambda s: s % every == 0 or s == max_steps,
                    "on_validate": lambda s, _: evaluate_dev(s), "val_batches": 0,
                    "should_save": lambda s: False, "save": save_for_resume, "should_stop": stop.agreed}
-    log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d", cfg.task,
-             len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
-             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size())
+    log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
+             cfg.task, len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
+             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), describe_precision(dtype))
     t0 = time.perf_counter()
     try:
         status = train(state)

@@ -36,7 +36,7 @@ from bio_megatron.models.hf_convert import _TE_ALIASES, HF_MODEL_TYPES, hf_shape
 from bio_megatron.models.init import init_weights
 from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
 from bio_megatron.tasks.heads import pytorch_default_init
-from bio_megatron.training.checkpoint import load_sharded, read_metadata
+from bio_megatron.training.checkpoint import from_main_params, load_sharded, read_metadata
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 from bio_megatron.utils.log import get_logger
@@ -255,6 +255,7 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
         return
     sharded = model.sharded_state_dict()
     wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
+    from_main_params(wanted, src.path)  # an fp32 model from a bf16/fp16 run takes its fp32 main parameters
     state = load_sharded(src.path, {"model": wanted})["model"]  # verified, pickle allow-lists, one-line errors
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (encoder_only and k.startswith("head.")) and not k.endswith("_extra_state")]

@@ -38,6 +38,9 @@ from bio_megatron.utils.log import get_logger
 log = get_logger(__name__)
 # fully_sharded_model_space (megatron's default) is broken in 0.19.2; this one reshards across layouts.
 DISTOPT_SHARDING = "fully_reshardable"
+# Where megatron-core's optimizers save the fp32 main parameters, under the model tensor's key: the plain
+# mixed-precision optimizer, and the distributed one with its fully_reshardable sharding.
+MAIN_PARAM_PREFIXES = ("optimizer.state.fp32_param.", "optimizer.state.param.")
 
 
 def _barrier() -> None:
@@ -157,7 +160,7 @@ class Layout:
 
 
 def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, with_optimizer: bool,
-                   with_rng: bool) -> dict:
+                   with_rng: bool, with_scheduler: bool = False) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
@@ -166,6 +169,8 @@ def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, wit
     if with_optimizer:
         state["optimizer"] = optimizer.sharded_state_dict(
             model_sd, is_loading=is_loading, metadata={"distrib_optim_sharding_type": DISTOPT_SHARDING})
+        state["scheduler"] = scheduler.state_dict()
+    elif with_scheduler:  # a plain dict in the common state: readable whatever the optimizer kind
         state["scheduler"] = scheduler.state_dict()
     if with_rng:
         pp, tp = ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()
@@ -318,13 +323,30 @@ def find_resume_checkpoint(root: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: Layout | None = None,
-                    model_only: bool = False) -> int:
+                    model_only: bool = False, compute_dtype: str | None = None) -> int:
     """Load a checkpoint into this layout; returns its iteration. Optimizer, scheduler and RNG come back
-    when asked and possible (RNG only at the same TP/PP layout; optimizer only with the same optimizer kind)."""
+    when asked and possible (RNG only at the same TP/PP layout; optimizer only with the same optimizer kind
+    and, given ``compute_dtype``, the same precision family: fp32, or bf16/fp16 with fp32 main parameters).
+    Whenever the optimizer state is not loaded, a given ``optimizer`` re-reads its fp32 main parameters from
+    the loaded weights (a mixed-precision optimizer would otherwise write its stale copies back at the next step)."""
     meta = read_metadata(path)
     path = Path(meta["path"])
     saved = meta.get("layout", {})
     with_opt = not model_only and optimizer is not None
+    # Checkpoints written before the precision was recorded were all fp32 (CPU runs always were).
+    saved_dtype = meta.get("compute_dtype", "float32")
+    with_sched = False  # without the optimizer state, the LR schedule still carries over across precisions
+    if compute_dtype is not None and saved_dtype != compute_dtype:
+        mixed = {d: d != "float32" for d in (saved_dtype, compute_dtype)}
+        if with_opt and mixed[saved_dtype] != mixed[compute_dtype]:
+            log.warning("checkpoint %s was trained in %s, this run computes in %s: loading the model weights only "
+                        "(converted to %s) and the LR schedule; the Adam state starts afresh, since "
+                        "megatron-core's fp32 and mixed-precision optimizers keep different state", path, saved_dtype,
+                        compute_dtype, compute_dtype)
+            with_opt, with_sched = False, scheduler is not None
+        else:
+            log.warning("checkpoint %s was trained in %s, this run computes in %s: weights converted to %s",
+                        path, saved_dtype, compute_dtype, compute_dtype)
     if with_opt and layout and saved.get("distributed_optimizer") != layout.distributed_optimizer:
         log.warning("checkpoint %s used %s optimizer, this run the %s one: loading model weights only "
                     "(megatron-core cannot convert between them)", path,
@@ -335,16 +357,45 @@ def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: L
                 and saved.get("pp") == layout.pp)
     if with_opt:
         _prime_adam_state(optimizer)
-    state = load_sharded(path, _sharded_state(model, optimizer, scheduler, int(meta["iteration"]), True, with_opt,
-                                              with_rng))
+    sharded = _sharded_state(model, optimizer, scheduler, int(meta["iteration"]), True, with_opt, with_rng,
+                             with_sched)
+    if not with_opt and saved_dtype != "float32":
+        from_main_params(sharded["model"], path)
+    state = load_sharded(path, sharded)
     model.load_state_dict(state["model"], strict=True)
+    if optimizer is not None and not with_opt:
+        optimizer.reload_model_params()
     if with_opt:
         optimizer.load_state_dict(state["optimizer"])
-        if scheduler is not None and "scheduler" in state:
-            scheduler.load_state_dict(state["scheduler"])
+    if scheduler is not None and "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
     if with_rng and "rng_state" in state:
         _set_rng_state(state["rng_state"])
     return int(meta["iteration"])
+
+
+def from_main_params(model_sd: dict, path: Path) -> None:
+    """fp32 tensors of a model read from a bf16/fp16 checkpoint come from its fp32 main parameters (the exact
+    trained values) rather than from their half-precision copies, wherever the checkpoint holds them."""
+    from megatron.core.dist_checkpointing.dict_utils import dict_list_map_inplace
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor
+    from torch.distributed.checkpoint import FileSystemReader
+
+    verify(path)  # checksums and the allow-listed .metadata first: read_metadata unpickles it
+    with integrity.restricted_loading():
+        saved = {k for k in FileSystemReader(str(path)).read_metadata().state_dict_metadata
+                 if k.startswith(MAIN_PARAM_PREFIXES)}
+    if not saved:
+        return
+
+    def swap(x):
+        if isinstance(x, ShardedTensor) and x.data.dtype == torch.float32:
+            main = next((p + x.key for p in MAIN_PARAM_PREFIXES if p + x.key in saved), None)
+            if main is not None:
+                x.key = main
+        return x
+
+    dict_list_map_inplace(swap, model_sd)
 
 
 def _prime_adam_state(optimizer) -> None:

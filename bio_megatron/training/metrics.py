@@ -126,7 +126,11 @@ class RunLogger:
             # Skipped updates are part of the fixed line, so a diverging run is visible at a glance.
             skipped = (f" | NON-FINITE: update skipped ({extra.get('skipped_steps', 0)} skipped so far)"
                        if extra.get("nonfinite") else
+                       f" | fp16 gradient overflow: update skipped ({extra.get('skipped_steps', 0)} skipped so far)"
+                       if extra.get("overflow") else
                        f" | skipped {extra['skipped_steps']}" if extra.get("skipped_steps") else "")
+            if extra.get("loss_scale") is not None:  # fp16 only: an overflow halves it and skips the update
+                skipped = f" | loss_scale {extra['loss_scale']:.4g}{skipped}"
             log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | %s tok/s | %.2f TFLOP/s | MFU %s | "
                      "mem %.2f GiB | ETA %s%s", step, self.max_steps, loss, lr, gn, f"{tok_s:,.0f}", tflops, mfu,
                      rec["memory_gib"], _fmt_eta(dt * (self.max_steps - step)), skipped)

@@ -7,11 +7,15 @@ import torch
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from bio_megatron.config.pretrain import OptimConfig
+from bio_megatron.config.pretrain import ModelConfig, OptimConfig
 
 
 def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, clip_grad: float,
-                    use_distributed_optimizer: bool):
+                    use_distributed_optimizer: bool, scaler: ModelConfig | None = None):
+    """megatron-core's optimizer for ``dtype``: fp32, or bf16/fp16 weights with fp32 main parameters (its
+    mixed-precision optimizers); fp16 adds its ``DynamicGradScaler`` with NeMo's knobs from ``scaler``
+    (``native_amp_init_scale``, ``native_amp_growth_interval``, ``hysteresis``, ``min_loss_scale``)."""
+    amp = scaler or ModelConfig()
     cfg = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.sched.min_lr, weight_decay=optim.weight_decay,
         # NeMo's fused_adam and adamw decouple weight decay (AdamW); plain "adam" adds it to the gradient.
@@ -19,8 +23,17 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_eps=optim.eps, clip_grad=clip_grad,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
         use_distributed_optimizer=use_distributed_optimizer,
+        initial_loss_scale=amp.native_amp_init_scale, loss_scale_window=amp.native_amp_growth_interval,
+        hysteresis=amp.hysteresis, min_loss_scale=amp.min_loss_scale,
     )
-    return get_megatron_optimizer(cfg, model_chunks)
+    optimizer = get_megatron_optimizer(cfg, model_chunks)
+    if loss_scale(optimizer) is not None:
+        # The pipeline schedules multiply each micro-batch's loss by config.grad_scale_func before backward
+        # (Megatron-LM's trainer wires it the same way); without it the optimizer would unscale gradients
+        # that were never scaled. Left unset otherwise: fp32/bf16 losses stay untouched.
+        for chunk in model_chunks:
+            chunk.config.grad_scale_func = optimizer.scale_loss
+    return optimizer
 
 
 def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
@@ -60,3 +73,10 @@ def build_scheduler(optimizer, optim: OptimConfig, max_steps: int) -> OptimizerP
         start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=max(1, max_steps),
         wd_incr_style="constant", use_checkpoint_opt_param_scheduler=True, override_opt_param_scheduler=False,
     )
+
+
+def loss_scale(optimizer) -> float | None:
+    """The fp16 loss scaler's current scale, or None when there is no scaler (fp32, bf16)."""
+    scalers = [o.grad_scaler for o in getattr(optimizer, "chained_optimizers", [optimizer])
+               if getattr(o, "grad_scaler", None) is not None]
+    return float(scalers[0].scale.item()) if scalers else None

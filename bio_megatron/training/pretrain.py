@@ -13,14 +13,14 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from bio_megatron.config.pretrain import PretrainConfig, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
-from bio_megatron.models.bert import build_model, precision_dtype
+from bio_megatron.models.bert import build_model, describe_precision, dtype_name, precision_dtype
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
-from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.signals import StopRequest
 from bio_megatron.utils.errors import DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
@@ -96,15 +96,16 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     tokenizer = load_tokenizer(cfg)
-    if tokenizer.pad != 0:
+    if tokenizer.pad != 0 and m.objective == "bert":  # objective mlm takes the masks from the sample instead
         raise DataError(f"[PAD] must have id 0 (found {tokenizer.pad}): megatron-core's BERT dataset derives the "
-                        "padding mask from it", tokenizer.vocab_file)
+                        "padding mask from it; a RoBERTa (BPE) vocabulary needs model.objective=mlm",
+                        tokenizer.vocab_file)
     run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
     is_writer = world.rank == 0
     data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                         Path(m.data.index_mapping_dir or run_dir / "index_cache"))
     model, ddp = build_stage(cfg, tokenizer.vocab_size, dtype)
-    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer)
+    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
@@ -113,10 +114,11 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
         ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
     if resume is not None:
-        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout)
+        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
         log.info("resumed from %s at step %d", resume, step)
     elif m.restore_from_path:
-        ckpt.load_checkpoint(Path(m.restore_from_path), model, model_only=True)
+        ckpt.load_checkpoint(Path(m.restore_from_path), model, optimizer, model_only=True,
+                             compute_dtype=dtype_name(dtype))
         log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", m.restore_from_path)
 
     shape = m.shape()
@@ -129,11 +131,15 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
 
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
-                             {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded})
+                             {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
+                              "compute_dtype": dtype_name(dtype)})
 
     def on_step(s: int, r: StepResult) -> None:
         if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
-            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite)
+            scale = loss_scale(optimizer)
+            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite,
+                            overflow=r.skipped and not r.nonfinite and scale is not None, loss_scale=scale,
+                            compute_dtype=dtype_name(dtype))
 
     state = LoopState(
         model=ddp, optimizer=optimizer, scheduler=scheduler,
@@ -146,9 +152,10 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
                "save": save, "should_stop": stop.agreed})
     log.info("pretraining %s (%s): %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
-             "per step | %s | from step %d to %d", m.size, shape.status, shape.num_layers, shape.hidden_size,
-             shape.num_attention_heads, m.tensor_model_parallel_size, m.pipeline_model_parallel_size,
-             ps.get_data_parallel_world_size(), data.num_microbatches, m.micro_batch_size, dtype, step, t.max_steps)
+             "per step | compute dtype %s | from step %d to %d", m.size, shape.status, shape.num_layers,
+             shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
+             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), data.num_microbatches,
+             m.micro_batch_size, describe_precision(dtype), step, t.max_steps)
     t0 = time.perf_counter()
     runlog.start(step)
     try:
