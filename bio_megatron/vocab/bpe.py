@@ -14,6 +14,7 @@ from functools import cached_property
 from pathlib import Path
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.vocab.wordpiece import RustBackedTokenizer
 
 BPE_SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0..3; "<mask>" takes the last id
 MASK = "<mask>"
@@ -35,7 +36,7 @@ def is_bpe(path: str | Path | None) -> bool:
     return path is not None and bpe_files(path) is not None
 
 
-class BPETokenizer:
+class BPETokenizer(RustBackedTokenizer):
     """RoBERTa's byte-level BPE (``add_prefix_space=False``, as ``RobertaTokenizer``) with megatron-core's
     tokenizer attributes. Never lower-cases: byte-level BPE is cased by construction."""
 
@@ -95,26 +96,8 @@ class BPETokenizer:
         tok.decoder = decoders.ByteLevel()
         return tok
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("backend", None)
-        return state
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
-
-    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
-        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-        return [e.ids for e in encode(texts, add_special_tokens=False)]
-
-    def tokens_of(self, text: str) -> list[str]:
-        return self.backend.encode(text, add_special_tokens=False).tokens
-
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.inv_vocab[int(i)] for i in ids]
-
-    def detokenize(self, ids) -> str:
-        return self.backend.decode(list(map(int, ids)))
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None):
