@@ -1,7 +1,7 @@
 """``import nemo`` / ``export nemo``: NeMo ``.nemo`` archives <-> BioMegatron checkpoints.
 
 Import reads NeMo 1.x-2.4 ``MegatronBertModel`` archives and the task models whose encoder is Megatron BERT
-(``TokenClassificationModel`` -> ner, ``QAModel``/``BERTQAModel`` -> qa, ``TextClassificationModel`` -> re):
+(``TokenClassificationModel`` -> ner, ``BERTQAModel``/``QAModel`` -> qa, ``TextClassificationModel`` -> re):
 ``model_config.yaml`` (OmegaConf), the weights in every layout of :mod:`~bio_megatron.interchange.nemo_archive`,
 the WordPiece vocabulary artifact, and for task models the ``classifier`` head and the label map
 (``label_ids`` in the config, else the ``label_ids.csv`` artifact). The result is a model-only checkpoint of
@@ -42,7 +42,7 @@ SIDE_FILE = "bio_megatron_embeddings.pt"
 _PKG = "nemo.collections.nlp.models."
 TARGETS = {None: _PKG + "language_modeling.megatron_bert_model.MegatronBertModel",
            "ner": _PKG + "token_classification.token_classification_model.TokenClassificationModel",
-           "qa": _PKG + "question_answering.qa_model.QAModel",
+           "qa": _PKG + "question_answering.qa_bert_model.BERTQAModel",  # what qa_conf.yaml configures
            "re": _PKG + "text_classification.text_classification_model.TextClassificationModel"}
 _TASK_OF_CLASS = {"TokenClassificationModel": "ner", "QAModel": "qa", "BERTQAModel": "qa",
                   "TextClassificationModel": "re", "MegatronBertModel": None}
@@ -241,7 +241,7 @@ def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | N
 def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 1, mcore: bool = False,
                 overwrite: bool = False) -> dict:
     """Write ``out`` (a ``.nemo`` file) from our checkpoint (pretraining or fine-tuned, any saved layout)."""
-    from bio_megatron.interchange.nemo_build import load_for_export, nemo_config
+    from bio_megatron.interchange.nemo_build import head_caveats, load_for_export, nemo_config
 
     out = Path(out)
     check_output_file(out)
@@ -264,6 +264,9 @@ def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 
             full[key] = grown
     if ours["task"] is None and not ours["binary_head"]:
         side = _fold(full)
+    caveats = head_caveats(ours)
+    for caveat in caveats:
+        log.warning("NeMo cannot rebuild this head exactly: %s", caveat)
     with atomic_path(out) as tmp_file, arc_dir(out) as tmp:
         vocab_name = arc.unique_name("vocab.txt")
         (tmp / vocab_name).write_text(ours["vocab_text"], encoding="utf-8")
@@ -287,7 +290,8 @@ def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 
     log.info("exported %s -> %s (NeMo %s, TP %d x PP %d%s)", ours["path"], out, cfg["target"].rsplit(".", 1)[-1],
              tp, pp, ", mcore dist checkpoint" if mcore else "")
     return {"out": str(out), "task": ours["task"], "target": cfg["target"], "tp": tp, "pp": pp, "mcore": mcore,
-            "binary_head": ours["binary_head"], "labels": ours["labels"], "tokentypes_folded": side is not None}
+            "binary_head": ours["binary_head"], "labels": ours["labels"], "tokentypes_folded": side is not None,
+            "nemo_caveats": caveats}
 
 
 def _fold(full: dict) -> dict | None:

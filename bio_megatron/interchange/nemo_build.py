@@ -77,6 +77,10 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) ->
                 setattr(m, k, v)
             m.transformer_impl, m.make_vocab_size_divisible_by = "local", divisible
             _apply_settings(m, src["settings"])
+            nemo_dataset = src["cfg"].get("dataset") if isinstance(src["cfg"].get("dataset"), dict) else {}
+            for key in DATASET_KEYS[task]:  # QA's windows and n-best settings decide predict's answers
+                if False:
+                    setattr(m.dataset, key, nemo_dataset[key])
             padded = padded_vocab_size(tok.vocab_size, divisible, 1)
             head = build_head(task, m, shape["hidden_size"], len(src["labels"]) if src["labels"] else 2)
             model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
@@ -159,6 +163,52 @@ def _bert_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, bina
     }
 
 
+# ``model.dataset`` keys that mean the same in NeMo's task model and ours (``predict`` reads them: QA's windows
+# and n-best settings change the answers), and the ones NeMo's ``__init__``/inference read that we have no use
+# for, with the value NeMo's example configs give them.
+DATASET_KEYS = {"ner": ("max_seq_length", "pad_label", "ignore_extra_tokens", "ignore_start_end", "class_balancing"),
+                "re": ("max_seq_length", "class_balancing"),
+                "qa": ("version_2_with_negative", "doc_stride", "max_query_length", "max_seq_length",
+                       "max_answer_length", "n_best_size", "null_score_diff_threshold")}
+_NEMO_ONLY = {"ner": {"num_workers": 2, "pin_memory": False, "use_cache": False},
+              "re": {"use_cache": False},
+              "qa": {"use_cache": False, "keep_doc_spans": "all", "check_if_answer_in_context": True}}
+
+
+def _dataset_config(ours: dict) -> dict:
+    d, task = ours["m"].dataset, ours["task"]
+    out = {"do_lower_case": ours["lower"], **{k: getattr(d, k) for k in DATASET_KEYS[task]}, **_NEMO_ONLY[task]}
+    if task == "re":
+        out["num_classes"] = len(ours["labels"] or [])
+    return out
+
+
+def head_caveats(ours: dict) -> list[str]:
+    """Why NeMo 2.4 would not rebuild this head as it is (empty: it does). NeMo's ``MultiLayerPerceptron``
+    (``nemo/collections/common/parts/multi_layer_perceptron.py``) makes every hidden layer
+    ``Linear(hidden_size, hidden_size)`` and takes its activation as ``getattr(torch, activation)``;
+    ``TextClassificationModel`` passes ``activation='relu'`` whatever the config says."""
+    task, s = ours["task"], ours["settings"]
+    if task is None:
+        return []
+    layers = s["num_output_layers"] if task == "re" else s["num_fc_layers"]
+    if layers < 2:
+        return []  # one Linear: neither the width nor the activation exists
+    out = []
+    hidden, width = ours["shape"].hidden_size, getattr(ours["m"], "fc_hidden_size", None)
+    if width not in (None, hidden):
+        out.append(f"fc_hidden_size {width} differs from the encoder's hidden_size {hidden}: NeMo's "
+                   "MultiLayerPerceptron sizes every hidden layer by the encoder, so restore_from fails on the "
+                   "classifier's shapes")
+    if task == "re" and s["activation"] != "relu":
+        out.append(f"classifier_head.activation {s['activation']!r}: NeMo's TextClassificationModel always uses "
+                   "relu, so NeMo's logits would differ (import nemo reads it back as written)")
+    elif s["activation"] not in ("relu", "tanh"):
+        out.append(f"activation {s['activation']!r}: NeMo's MultiLayerPerceptron looks it up as torch."
+                   f"{s['activation']}, which does not exist, so restore_from fails")
+    return out
+
+
 def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, labels_ref: str | None) -> dict:
     """``model_config.yaml`` for a pretraining model (MegatronBertModel) or a task model around one."""
     from bio_megatron.interchange.nemo import TARGETS
@@ -175,24 +225,20 @@ def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, label
                          "vocab_file": vocab_ref, "tokenizer_model": None, "special_tokens": None},
            "language_model": {"pretrained_model_name": "megatron-bert-345m-uncased", "lm_checkpoint": None,
                               "config_file": None, "config": encoder, "do_lower_case": ours["lower"]}}
-    fc_hidden = getattr(ours["m"], "fc_hidden_size", None)
-    if fc_hidden not in (None, ours["shape"].hidden_size):
-        log.warning("fc_hidden_size %s: NeMo's heads are as wide as the encoder; NeMo cannot rebuild this head",
-                    fc_hidden)
     if task == "re":
         cfg["classifier_head"] = {"num_output_layers": s["num_output_layers"], "fc_dropout": s["fc_dropout"],
                                   "activation": s["activation"], "use_transformer_init": s["use_transformer_init"]}
-        cfg["dataset"] = {"num_classes": len(ours["labels"] or [])}
-    elif task == "qa":
-        cfg["token_classifier"] = {"num_layers": s["num_fc_layers"], "dropout": s["fc_dropout"],
+    elif task == "qa":  # BERTQAModel reads num_classes from here (2: start and end logits)
+        cfg["token_classifier"] = {"num_layers": s["num_fc_layers"], "dropout": s["fc_dropout"], "num_classes": 2,
                                    "activation": s["activation"], "log_softmax": False,
                                    "use_transformer_init": s["use_transformer_init"]}
     else:
         cfg["head"] = {k: s[k] for k in ("num_fc_layers", "fc_dropout", "activation", "use_transformer_init")}
+    cfg["dataset"] = _dataset_config(ours)
     if ours["labels"]:
         cfg["label_ids"] = {label: i for i, label in enumerate(ours["labels"])}
         cfg["class_labels"] = {"class_labels_file": labels_ref}
     return {**cfg, "target": TARGETS[task], "nemo_version": "2.4.0"}
 
 
-__all__ = ["build_and_save", "load_for_export", "nemo_config"]
+__all__ = ["DATASET_KEYS", "build_and_save", "head_caveats", "load_for_export", "nemo_config"]

@@ -17,7 +17,7 @@ def _cli(argv: list[str]) -> int:
 def test_bench_pretrain_tiny_cpu(tmp_path):
     out = tmp_path / "bench.json"
     (rc,) = run_world(1, _cli, ["bench", "pretrain", "--size", "tiny", "--steps", "2", "--warmup", "1", "--seq", "32",
-                                "--micro-batch", "2", "--json", str(out)], timeout=120)
+                                "--micro-batch", "2", "--precision", "32", "--json", str(out)], timeout=120)
     assert rc == 0
     res = json.loads(out.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temp file left behind
