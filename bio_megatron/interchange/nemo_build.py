@@ -28,6 +28,18 @@ def _apply_settings(m, settings: dict) -> None:
             setattr(m, key, value)
 
 
+def _dataset_from_nemo(m, task: str, cfg: dict, positions: int, where: str) -> None:
+    """NeMo's ``model.dataset`` settings that mean the same here (QA's windows and n-best decide the answers)."""
+    nemo_dataset = cfg.get("dataset") if isinstance(cfg.get("dataset"), dict) else {}
+    for key in DATASET_KEYS[task]:
+        if nemo_dataset.get(key) is not None:
+            setattr(m.dataset, key, nemo_dataset[key])
+    if m.dataset.max_seq_length > positions:  # e.g. our QA default (384) when the archive has no dataset block
+        log.warning("%s: max_seq_length %d exceeds the encoder's %d positions: using %d", where,
+                    m.dataset.max_seq_length, positions, positions)
+        m.dataset.max_seq_length = positions
+
+
 def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) -> None:
     """Our model filled with ``src`` (from :func:`~bio_megatron.interchange.nemo.read_nemo`), saved to ``out``."""
     from bio_megatron.config.finetune import CONFIG_CLASSES
@@ -77,10 +89,7 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) ->
                 setattr(m, k, v)
             m.transformer_impl, m.make_vocab_size_divisible_by = "local", divisible
             _apply_settings(m, src["settings"])
-            nemo_dataset = src["cfg"].get("dataset") if isinstance(src["cfg"].get("dataset"), dict) else {}
-            for key in DATASET_KEYS[task]:  # QA's windows and n-best settings decide predict's answers
-                if False:
-                    setattr(m.dataset, key, nemo_dataset[key])
+            _dataset_from_nemo(m, task, src["cfg"], shape["max_position_embeddings"], where)
             padded = padded_vocab_size(tok.vocab_size, divisible, 1)
             head = build_head(task, m, shape["hidden_size"], len(src["labels"]) if src["labels"] else 2)
             model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
