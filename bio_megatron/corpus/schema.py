@@ -91,14 +91,21 @@ def iter_documents(path: str | Path, stats: ReadStats | None = None,
         yield from _iter_lines(fh, path, stats, strict)
 
 
-def parse_record(raw: bytes) -> tuple[Any, str | None]:
-    """Decode and validate one JSONL line: ``(document, None)``, or ``(None, why it is bad)``."""
+def _decode_line(raw: bytes) -> tuple[Any, str | None]:
+    """One JSONL line as a Python object: ``(object, None)``, or ``(None, why it cannot be read)``."""
     try:
-        obj = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8")), None
     except UnicodeDecodeError as exc:
         return None, f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
     except json.JSONDecodeError as exc:
         return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+
+
+def parse_record(raw: bytes) -> tuple[Any, str | None]:
+    """Decode and validate one JSONL line: ``(document, None)``, or ``(None, why it is bad)``."""
+    obj, why = _decode_line(raw)
+    if why is not None:
+        return None, why
     why = validate_record(obj)
     return (obj, None) if why is None else (None, why)
 
@@ -106,12 +113,9 @@ def parse_record(raw: bytes) -> tuple[Any, str | None]:
 def parse_text_record(raw: bytes, json_keys: tuple[str, ...]) -> tuple[list[str] | None, str | None]:
     """Decode one Megatron-LM style line (``{"text": "..."}``): ``(texts of json_keys in order, None)``,
     or ``(None, why it is bad)``. Like Megatron-LM's ``preprocess_data.py``, every key must be present."""
-    try:
-        obj = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        return None, f"not UTF-8 ({exc.reason} at byte {exc.start} of the line)"
-    except json.JSONDecodeError as exc:
-        return None, f"not valid JSON ({exc.msg} at column {exc.colno})"
+    obj, why = _decode_line(raw)
+    if why is not None:
+        return None, why
     if not isinstance(obj, dict):
         return None, f"expected a JSON object, got {type(obj).__name__}"
     missing = [k for k in json_keys if not isinstance(obj.get(k), str)]
