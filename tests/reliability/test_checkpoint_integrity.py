@@ -9,7 +9,6 @@ its truncation is still found from the shard sizes ``.metadata`` records.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,13 +18,9 @@ import pytest
 from harness import run_world
 
 from engine.pretrain_runs import losses, overrides, pretrain_rank
+from reliability.files import tree_digest
 
 STEPS = 4
-
-
-def tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _cli_rank(argv: list[str], log: str) -> int:

@@ -5,12 +5,12 @@ the restored checkpoint cannot hold. Each is one clear message and exit 2, with 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from pathlib import Path
 
 import pytest
 
+from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.utils.log import get_logger
 from harness import run_world
@@ -36,11 +36,6 @@ def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     finally:
         get_logger().removeHandler(handler)
     return rc, "\n".join(messages), capsys.readouterr().out
-
-
-def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_pretrain_dry_run_lists_every_bad_value(capsys):
@@ -96,23 +91,23 @@ def test_empty_finetuning_split_is_an_error_naming_the_file(tmp_path, capsys, sp
     (data / "train.tsv").write_bytes((NER_DATA / "bc5cdr_chem_train_head.tsv").read_bytes())
     (data / "dev.tsv").write_bytes((NER_DATA / "bc5cdr_chem_devel_head.tsv").read_bytes())
     (data / f"{split}.tsv").write_text("\n\n" if split == "dev" else "")  # blank lines only / empty
-    before = _digest(data)
+    before = tree_digest(data)
     rc, err, out = _run(["finetune", "ner", "--config", str(RECIPES["ner"]), f"model.dataset.data_dir={data}",
                          "model.dataset.train_file=train.tsv", "model.dataset.dev_file=dev.tsv",
                          "model.dataset.test_file=null", f"exp_manager.exp_dir={tmp_path / 'runs'}"], capsys)
     assert rc == 2 and out == ""
     assert f"{data / f'{split}.tsv'}: no usable {split} examples" in err
     assert not (tmp_path / "runs").exists()  # no run directory, no results.json, no "best" model
-    assert _digest(data) == before
+    assert tree_digest(data) == before
 
 
 def test_sequence_length_beyond_the_restored_checkpoint_names_it(pubmed_prefix, tmp_path, capsys):
     run_world(1, pretrain_rank, overrides(pubmed_prefix, tmp_path, "src", steps=1, save_last=True))
     ckpts = tmp_path / "src" / "checkpoints"
-    before = _digest(ckpts)
+    before = tree_digest(ckpts)
     rc, err, out = _run(["finetune", "ner", "--config", str(RECIPES["ner"]), f"model.restore_from_path={ckpts}",
                          f"model.dataset.data_dir={NER_DATA}", f"exp_manager.exp_dir={tmp_path / 'runs'}"], capsys)
     assert rc == 2 and out == ""
     assert "model.dataset.max_seq_length (128) exceeds max_position_embeddings (64) of the checkpoint" in err
     assert str(ckpts) in err and "model.dataset.max_seq_length=64" in err
-    assert _digest(ckpts) == before and not (tmp_path / "runs").exists()
+    assert tree_digest(ckpts) == before and not (tmp_path / "runs").exists()

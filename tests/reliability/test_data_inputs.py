@@ -19,17 +19,13 @@ import pytest
 
 from reliability.readonly import REFUSED, read_only_dir
 
+from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.corpus.pubmed import extract_pubmed
 from bio_megatron.corpus.samples import sample_files
 from bio_megatron.corpus.sentences import split_sentences
 
 VOCAB = "bert-base-cased"
-
-
-def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
@@ -79,26 +75,26 @@ def test_tokenize_without_a_usable_record_fails(tmp_path, pubmed_jsonl, case):
     out = tmp_path / "out"
     out.mkdir()
     (out / "earlier.bin").write_bytes(b"an unrelated earlier output")
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     rc, msg = _tokenize(bad, out / "p")
     assert rc == 2
     assert f"{bad}:1: {expect}" in msg and "no usable document in 5 non-blank line(s)" in msg
     assert "expected JSON objects with 'id', 'source'" in msg
     _assert_nothing_finished(out / "p")
-    assert _digest(tmp_path) == before
+    assert tree_digest(tmp_path) == before
 
 
 def test_tokenize_failure_keeps_an_earlier_good_output(tmp_path, pubmed_jsonl):
     prefix = tmp_path / "p"
     assert _tokenize(pubmed_jsonl, prefix)[0] == 0
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"id": "y", "sentences": \n\n{"id": "z", "source": "web", "sentences": []}\n')
     before[bad.name] = hashlib.sha256(bad.read_bytes()).hexdigest()
     rc, msg = _tokenize(bad, prefix)
     assert rc == 2
     assert f"{bad}:1: not valid JSON" in msg and f"{bad}:3: field 'source' must be one of" in msg
-    assert _digest(tmp_path) == before  # the earlier .bin/.idx are still the earlier ones
+    assert tree_digest(tmp_path) == before  # the earlier .bin/.idx are still the earlier ones
     assert not Path(f"{prefix}.shards").exists() and not Path(f"{prefix}.lock").exists()
 
 
@@ -135,12 +131,12 @@ def test_json_keys_missing_everywhere_names_the_key(tmp_path):
 def test_output_prefix_under_a_regular_file(tmp_path, pubmed_jsonl):
     afile = tmp_path / "somefile.txt"
     afile.write_text("not a folder\n")
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     rc, msg = _tokenize(pubmed_jsonl, afile / "x")
     assert rc == 2
     assert f"{afile}/x.lock: cannot create the lock file for output prefix {afile}/x" in msg
     assert f"{afile} is a file, not a folder" in msg
-    assert _digest(tmp_path) == before
+    assert tree_digest(tmp_path) == before
 
 
 def test_output_prefix_in_a_read_only_folder(tmp_path, pubmed_jsonl):
@@ -158,12 +154,12 @@ def test_pmc_without_a_usable_article_fails(tmp_path):
     broken = tmp_path / "b.nxml"
     broken.write_text("<article><body><p>cut off")
     out = tmp_path / "pmc.jsonl"
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     rc, msg = _run(["data", "pmc", "--input", str(nxml), str(broken), "--output", str(out), "--workers", "1"])
     assert rc == 2
     assert "no usable PMC article among 2: 1 malformed, 1 without body text" in msg
     assert f"{broken}:1: XML parse error" in msg and "expected JATS articles with <body> paragraphs" in msg
-    assert _digest(tmp_path) == before  # no output JSONL, no temporary file, no lock file
+    assert tree_digest(tmp_path) == before  # no output JSONL, no temporary file, no lock file
 
 
 def test_pubmed_without_a_usable_record_fails(tmp_path):
@@ -173,8 +169,8 @@ def test_pubmed_without_a_usable_record_fails(tmp_path):
                    "</PubmedArticle></PubmedArticleSet>\n")
     out = tmp_path / "out.jsonl"
     out.write_text("an earlier output\n")
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     rc, msg = _run(["data", "pubmed", "--input", str(xml), "--output", str(out), "--workers", "1"])
     assert rc == 2
     assert f"{xml}: no usable PubMed record: 1 <PubmedArticle> record(s), 1 with an empty abstract" in msg
-    assert _digest(tmp_path) == before
+    assert tree_digest(tmp_path) == before

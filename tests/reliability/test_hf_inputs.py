@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from reliability.test_outputs import WORDS, _digest, _siblings, make_hf_folder
+from reliability.files import tree_digest
+from reliability.test_outputs import WORDS, _siblings, make_hf_folder
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,14 +90,14 @@ CASES = {
 def test_import_hf_damaged_folder(case, good_hf, tmp_path):
     name, damage, expected = CASES[case]
     hf = _damaged(good_hf, tmp_path / "hf", name, damage)
-    before = _digest(hf)
+    before = tree_digest(hf)
     out = tmp_path / "ckpt"
     res = _forked_msg("import", "hf", "--model", str(hf), "--out", str(out))
     assert res["rc"] == 2, res
     assert str(hf / name) in res["msg"] and all(e in res["msg"] for e in expected), res["msg"]
     assert "\n" not in res["msg"]
     assert not out.exists() and _siblings(out) == []
-    assert _digest(hf) == before
+    assert tree_digest(hf) == before
 
 
 def test_import_hf_truncated_pytorch_bin(good_hf, tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.corpus.pmc import extract_pmc
 from bio_megatron.corpus.pubmed import extract_pubmed
@@ -32,11 +33,6 @@ from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.vocab.builtin import resolve_vocab
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +88,14 @@ def test_second_tokenize_into_a_busy_prefix_is_refused(tmp_path, corpus, solo):
     try:
         _wait_until_locked(first, lock)
         os.kill(first.pid, signal.SIGSTOP)  # hold it mid-run, whatever the machine's speed
-        during = _digest(tmp_path)
+        during = tree_digest(tmp_path)
         second = _start_tokenize(corpus, prefix)
         _, err = second.communicate(timeout=300)
         assert second.returncode == 2
         assert (f"{lock}: output prefix {prefix} is in use by PID {first.pid} on host {socket.gethostname()} "
                 "(since ") in err
         assert "wait for it or choose another output" in err and "Traceback" not in err
-        assert _digest(tmp_path) == during  # the refused run touched none of the first run's files
+        assert tree_digest(tmp_path) == during  # the refused run touched none of the first run's files
         os.kill(first.pid, signal.SIGCONT)
         out, err = first.communicate(timeout=300)
     finally:
@@ -147,7 +143,7 @@ def _cli_error(argv: list[str]) -> tuple[int, str]:
 def test_extraction_into_a_busy_output_is_refused(tmp_path, step):
     out = tmp_path / f"{step}.jsonl"
     out.write_text("an earlier output\n")
-    before = _digest(tmp_path)
+    before = tree_digest(tmp_path)
     # flock belongs to the open file, so a second open in this same process conflicts like another process
     with exclusive_lock(f"{out}.lock", "a test holding the output"):
         rc, msg = _cli_error(["data", step, "--input", *map(str, sample_files()[step]), "--output", str(out),
@@ -156,7 +152,7 @@ def test_extraction_into_a_busy_output_is_refused(tmp_path, step):
         assert msg == (f"{out}.lock: output {out} is in use by PID {os.getpid()} on host {socket.gethostname()} "
                        f"(since {json.loads(Path(f'{out}.lock').read_text())['since']}); "
                        "wait for it or choose another output")
-    assert _digest(tmp_path) == before
+    assert tree_digest(tmp_path) == before
     assert not Path(f"{out}.lock").exists()  # released and removed on a clean exit
 
 

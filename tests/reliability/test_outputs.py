@@ -11,7 +11,6 @@ ends without a BrokenPipeError traceback.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ import pytest
 
 from reliability.readonly import read_only_dir
 
+from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.utils.io import OUTPUT_MARKER
 from bio_megatron.utils.log import setup_logging
@@ -30,11 +30,6 @@ from bio_megatron.utils.log import setup_logging
 REPO = Path(__file__).resolve().parents[2]
 WORDS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "and", "cell", "gene"]
          + list("abcdefghijklmnopqrstuvwxyz") + ["##" + c for c in "abcdefghijklmnopqrstuvwxyz"])
-
-
-def _digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _siblings(target: Path) -> list[str]:
@@ -116,22 +111,22 @@ def user_dir(tmp_path) -> Path:
 
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_export_refuses_a_folder_of_user_files(ckpts, user_dir, overwrite):
-    before = _digest(user_dir)
+    before = tree_digest(user_dir)
     rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(user_dir)]
                    + (["--overwrite"] if overwrite else []))
     assert rc == 2
     assert str(user_dir) in msg and "not empty" in msg and "--overwrite replaces only" in msg, msg
-    assert _digest(user_dir) == before
+    assert tree_digest(user_dir) == before
     assert not (user_dir / OUTPUT_MARKER).exists() and _siblings(user_dir) == []
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_import_refuses_a_folder_of_user_files(ckpts, user_dir, overwrite):
-    before = _digest(user_dir)
+    before = tree_digest(user_dir)
     rc, msg = _run(["import", "hf", "--model", str(ckpts["hf0"]), "--out", str(user_dir)]
                    + (["--overwrite"] if overwrite else []))
     assert rc == 2 and str(user_dir) in msg and "import hf" in msg, msg
-    assert _digest(user_dir) == before and _siblings(user_dir) == []
+    assert tree_digest(user_dir) == before and _siblings(user_dir) == []
 
 
 def test_a_file_where_a_folder_goes_is_refused(ckpts, tmp_path):
@@ -147,23 +142,23 @@ def test_export_into_empty_folder_then_overwrite_only_our_own(ckpts, tmp_path):
     out.mkdir()  # an existing empty folder is a valid target
     assert _forked("export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(out))["rc"] == 0
     assert json.loads((out / OUTPUT_MARKER).read_text())["command"] == "export hf"
-    first = _digest(out)
+    first = tree_digest(out)
     assert "model.safetensors" in first
 
     # Our own earlier output: refused without --overwrite, untouched.
     rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out)])
     assert rc == 2 and str(out) in msg and "earlier `export hf` output" in msg and "--overwrite" in msg, msg
-    assert _digest(out) == first
+    assert tree_digest(out) == first
 
     # ... and a different command's output is not ours to replace, even with --overwrite.
     rc, msg = _run(["import", "hf", "--model", str(ckpts["hf1"]), "--out", str(out), "--overwrite"])
     assert rc == 2 and "`export hf` output" in msg, msg
-    assert _digest(out) == first
+    assert tree_digest(out) == first
 
     # With --overwrite: replaced by the other checkpoint's export, nothing left beside it.
     res = _cli("export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite")
     assert res.returncode == 0, res.stderr[-2000:]
-    second = _digest(out)
+    second = tree_digest(out)
     assert second.keys() == first.keys()
     assert second["model.safetensors"] != first["model.safetensors"]
     assert _siblings(out) == []
@@ -180,9 +175,9 @@ def test_import_overwrite_replaces_its_own_checkpoint(ckpts, tmp_path):
 
     out = tmp_path / "ckpt"
     shutil.copytree(ckpts["ckpt0"], out)  # what `import hf` wrote for the first model
-    first = _digest(out)
+    first = tree_digest(out)
     assert _forked("import", "hf", "--model", str(ckpts["hf1"]), "--out", str(out), "--overwrite")["rc"] == 0
-    second = _digest(out)
+    second = tree_digest(out)
     assert json.loads((out / OUTPUT_MARKER).read_text())["command"] == "import hf"
     assert second.keys() == first.keys() and second != first and _siblings(out) == []
 
@@ -223,10 +218,10 @@ def test_export_failing_midway_keeps_the_previous_output(ckpts, tmp_path):
 
     out = tmp_path / "hf_out"
     assert _forked("export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(out))["rc"] == 0
-    before = _digest(out)
+    before = tree_digest(out)
     (res,) = run_world(1, _export_failing_midway, str(ckpts["ckpt1"]), str(out))
     assert res["error"] and "simulated" in res["error"]
-    assert _digest(out) == before and _siblings(out) == []
+    assert tree_digest(out) == before and _siblings(out) == []
     (res,) = run_world(1, _export_failing_midway, str(ckpts["ckpt1"]), str(tmp_path / "fresh"))
     assert res["error"] and not (tmp_path / "fresh").exists() and _siblings(tmp_path / "fresh") == []
 
@@ -266,12 +261,12 @@ def test_swap_without_rename_exchange_never_loses_the_old_output(tmp_path, monke
 def test_predict_out_a_folder_exits_2_before_loading(task, user_dir, tmp_path):
     inp = tmp_path / "in.txt"
     inp.write_text("Naloxone reverses clonidine.\n")
-    before = _digest(user_dir)
+    before = tree_digest(user_dir)
     # The checkpoint does not exist: the --out check must come first (no model loaded for nothing).
     rc, msg = _run(["predict", task, "--checkpoint", str(tmp_path / "nope"), "--input", str(inp),
                     "--out", str(user_dir)])
     assert rc == 2 and str(user_dir) in msg and "is a folder" in msg, msg
-    assert _digest(user_dir) == before
+    assert tree_digest(user_dir) == before
 
 
 def test_predict_out_under_a_file_exits_2(tmp_path):
@@ -298,10 +293,10 @@ def test_predict_out_in_a_read_only_folder_exits_2(tmp_path):
 def test_vocab_train_output_a_folder_exits_2(user_dir, tmp_path):
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"sentences": ["the cell"]}) + "\n")
-    before = _digest(user_dir)
+    before = tree_digest(user_dir)
     rc, msg = _run(["vocab", "train", "--input", str(docs), "--output", str(user_dir), "--size", "100"])
     assert rc == 2 and str(user_dir) in msg and "is a folder" in msg, msg
-    assert _digest(user_dir) == before
+    assert tree_digest(user_dir) == before
 
 
 def _piped(argv: list[str], reader: str) -> subprocess.CompletedProcess:

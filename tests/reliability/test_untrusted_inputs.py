@@ -9,7 +9,6 @@ Each case runs the real CLI, checks exit 2 and the message, and that nothing was
 
 from __future__ import annotations
 
-import hashlib
 import io
 import tarfile
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.corpus.samples import sample_files
 
@@ -25,11 +25,6 @@ _ARTICLE = ('<PubmedArticleSet><PubmedArticle><MedlineCitation Status="MEDLINE" 
             '<PMID Version="1">1</PMID><Article><ArticleTitle>Aspirin {ref} here.</ArticleTitle><Abstract>'
             '<AbstractText>Aspirin inhibits platelets. It is {ref} used.</AbstractText></Abstract></Article>'
             '</MedlineCitation></PubmedArticle></PubmedArticleSet>\n')
-
-
-def _tree_digest(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _run(argv: list[str], caplog) -> tuple[int, str]:
@@ -59,13 +54,13 @@ def test_external_entity_is_not_resolved(tmp_path, logged):
     xml = tmp_path / "xxe.xml"
     xml.write_text(f'<?xml version="1.0"?>\n<!DOCTYPE PubmedArticleSet [ <!ENTITY xxe SYSTEM "file://{secret}"> ]>\n'
                    + _ARTICLE.format(ref="&xxe;"))
-    before = _tree_digest(tmp_path)
+    before = tree_digest(tmp_path)
     out = tmp_path / "out" / "pubmed.jsonl"
     rc, msg = _run(["data", "pubmed", "--input", str(xml), "--output", str(out), "--workers", "1"], logged)
     assert rc == 2
     assert f"{xml}:3" in msg and "entity" in msg and SECRET not in msg
     assert not out.exists()
-    assert _tree_digest(tmp_path) == before
+    assert tree_digest(tmp_path) == before
 
 
 def test_billion_laughs_stops_at_once(tmp_path, logged):
@@ -98,10 +93,10 @@ def test_tar_member_names_never_escape(tmp_path, logged):
         link = tarfile.TarInfo("PMC0001/link.nxml")  # a symlink member is not followed either
         link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tar.addfile(link)
-    before = _tree_digest(tmp_path)
+    before = tree_digest(tmp_path)
     out = tmp_path / "out.jsonl"
     assert main(["data", "pmc", "--input", str(pkg), "--output", str(out), "--workers", "1"]) == 0
     docs = out.read_text(encoding="utf-8").splitlines()
     assert len(docs) == 3 and "root:" not in out.read_text(encoding="utf-8")
     assert not escape.exists()
-    assert {k: v for k, v in _tree_digest(tmp_path).items() if k != "out.jsonl"} == before
+    assert {k: v for k, v in tree_digest(tmp_path).items() if k != "out.jsonl"} == before
