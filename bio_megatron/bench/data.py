@@ -296,7 +296,9 @@ def whole_process(corpus: Path, vocab: str, workers: int, work: Path, megatron_l
                   rounds: int = 2, timeout: float = 3600) -> dict[str, Any]:
     """Wall clock of ``bio-megatron data tokenize`` as a fresh process (interpreter start and imports
     included) and, with ``megatron_lm``, of its ``tools/preprocess_data.py`` on the same JSONL (our
-    ``sentences`` key, no sentence splitting on either side), alternated ``rounds`` times; best of each."""
+    ``sentences`` key, no sentence splitting on either side), alternated ``rounds`` times; best of each.
+    ``data tokenize --encoder tokenizers`` (the Rust tokenizers alone, without flash-tokenizer in front) runs
+    alternated with them, so the gain of ``corpus/fast_encode.py`` is measured under the same load."""
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -317,11 +319,14 @@ def whole_process(corpus: Path, vocab: str, workers: int, work: Path, megatron_l
                                                             env.get("PYTHONPATH", "")])}
     ours_walls: list[float] = []
     theirs_walls: list[float] = []
+    reference_walls: list[float] = []
     summary: dict[str, Any] = {}
     for r in range(rounds):  # alternate, so that load from other jobs hits both sides alike
         wall, stdout = _timed_run(ours_cmd + [str(work / "ours")], env, timeout)
         ours_walls.append(wall)
         summary = json.loads(stdout)
+        reference_walls.append(_timed_run(ours_cmd + [str(work / "reference"), "--encoder", "tokenizers"], env,
+                                          timeout)[0])
         if theirs_cmd is not None:
             theirs_walls.append(_timed_run(theirs_cmd + [str(work / "theirs")], theirs_env, timeout)[0])
     best = min(ours_walls)
@@ -330,7 +335,13 @@ def whole_process(corpus: Path, vocab: str, workers: int, work: Path, megatron_l
                    # the stages as `data tokenize` reports them; "startup" is everything before its timer
                    # started (interpreter, imports, argument parsing): wall minus its own "seconds"
                    "stages": {"startup": round(ours_walls[-1] - summary["seconds"], 3),
-                              **summary["stage_seconds"], "in_process_seconds": summary["seconds"]}}
+                              **summary["stage_seconds"], "in_process_seconds": summary["seconds"]},
+                   "encoder": summary.get("encoder")}
+    out["ours_tokenizers_encoder"] = {
+        "wall_seconds": round(min(reference_walls), 3), "wall_seconds_all": [round(x, 3) for x in reference_walls],
+        "same_bytes": all((work / f"ours{ext}").read_bytes() == (work / f"reference{ext}").read_bytes()
+                          for ext in (".bin", ".idx"))}
+    out["ratio_tokenizers_encoder_over_ours"] = round(min(reference_walls) / best, 2)
     if theirs_walls:
         out["megatron_lm"] = {"wall_seconds": round(min(theirs_walls), 3),
                               "wall_seconds_all": [round(x, 3) for x in theirs_walls],

@@ -69,7 +69,7 @@ def _tokenize(args: argparse.Namespace) -> int:
     lowercase = True if args.lowercase else False if args.cased else None
     res = tokenize_corpus(_expand(args.input, (".jsonl",)), resolve_vocab(args.vocab), args.output_prefix,
                           workers=args.workers, lowercase=lowercase, shard_lines=args.shard_lines,
-                          resume=not args.no_resume, json_keys=args.json_keys)
+                          resume=not args.no_resume, json_keys=args.json_keys, encoder=args.encoder)
     _print(res)
     return 0
 
@@ -119,6 +119,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     case.add_argument("--cased", action="store_true", help="never lower-case")
     t.add_argument("--shard-lines", type=int, default=2000, help="documents per resumable shard")
     t.add_argument("--no-resume", action="store_true", help="discard finished shards of an earlier run")
+    t.add_argument("--encoder", choices=["auto", "tokenizers"], default="auto",
+                   help="auto: flash-tokenizer for the printable-ASCII sentences of a WordPiece vocabulary (where its "
+                        "ids equal the reference's), the Rust tokenizers for the rest; tokenizers: the reference "
+                        "alone. The ids are the same either way")
     t.add_argument("--json-keys", nargs="+", default=None, metavar="KEY",
                    help="read Megatron-LM style JSONL ({\"text\": ...}, as tools/preprocess_data.py): the keys' "
                         "texts, in order, make one document, split into sentences here (default: our "

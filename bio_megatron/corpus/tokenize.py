@@ -37,6 +37,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bio_megatron.corpus.indexed import IndexedWriter, index_bytes
+from bio_megatron.corpus.fast_encode import encoder_name, fast_encoder
 from bio_megatron.corpus.schema import ReadStats, parse_record, parse_text_record
 from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress
@@ -48,6 +49,8 @@ from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
 _TOKENIZER: WordPieceTokenizer | None = None
+# What encodes a shard's sentences: the tokenizer, or flash-tokenizer in front of it (``corpus/fast_encode.py``).
+_ENCODER = None
 # Megatron-LM mode: the JSON keys whose text makes a document (None: our ``sentences`` schema). A
 # worker global like the tokenizer, so ``_tokenize_shard``'s signature stays (index, lines, prefix).
 _JSON_KEYS: tuple[str, ...] | None = None
@@ -55,12 +58,14 @@ _JSON_KEYS: tuple[str, ...] | None = None
 _MANIFEST_VERSION = 2
 
 
-def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None) -> None:
-    global _TOKENIZER, _JSON_KEYS
+def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None,
+                 encoder: str = "auto") -> None:
+    global _TOKENIZER, _JSON_KEYS, _ENCODER
     _JSON_KEYS = json_keys
     # One process = one core: stop the Rust tokenizer from also spawning its own thread pool.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = load_tokenizer(vocab, lowercase=lowercase)
+    _ENCODER = fast_encoder(_TOKENIZER, encoder)
 
 
 def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str, int, bytes]]]:
@@ -84,7 +89,7 @@ def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str
 
 def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefix: str) -> dict[str, Any]:
     """Worker: decode, validate and tokenize one shard, write it as a small indexed dataset, return counts."""
-    assert _TOKENIZER is not None
+    assert _TOKENIZER is not None and _ENCODER is not None
     t0 = time.perf_counter()
     stats = ReadStats()
     sents: list[str] = []
@@ -104,7 +109,7 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
         sents.extend(s for s in doc if s.strip())
         doc_sizes.append(len(sents) - n)
     t1 = time.perf_counter()
-    ids = _TOKENIZER.tokenize_batch(sents) if sents else []
+    ids = _ENCODER.tokenize_batch(sents) if sents else []
     t2 = time.perf_counter()
     # Whole-shard numpy instead of per-document lists: the tokens are all ids back to back (an empty
     # sentence has none); only the index needs the document structure.
@@ -164,12 +169,15 @@ def _no_usable_records(paths: list[Path], results: dict[int, dict[str, Any]],
 def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, output_prefix: str | Path,
                     workers: int = 1, lowercase: bool | None = None, shard_lines: int = 2000,
                     resume: bool = True, keep_shards: bool = False,
-                    json_keys: list[str] | tuple[str, ...] | None = None, **opts: Any) -> dict[str, Any]:
+                    json_keys: list[str] | tuple[str, ...] | None = None, encoder: str = "auto",
+                    **opts: Any) -> dict[str, Any]:
     """Tokenize JSONL documents into ``<output_prefix>.bin/.idx``; return a summary.
 
     ``lowercase=None`` follows the vocabulary (an uncased vocab lower-cases). ``json_keys`` reads
     Megatron-LM style ``{"text": ...}`` lines instead of our ``sentences`` schema: the keys' texts,
-    in order, make one document, split into sentences by ``corpus.sentences``. A few bad JSONL lines
+    in order, make one document, split into sentences by ``corpus.sentences``. ``encoder``: ``auto``
+    puts flash-tokenizer in front of a WordPiece vocabulary where its ids are exact (``corpus/fast_encode.py``),
+    ``tokenizers`` uses the Rust ``tokenizers`` alone; the ids are the same. A few bad JSONL lines
     are skipped, counted and listed in the summary; no usable line at all, a missing/empty input, a
     bad vocabulary or a prefix held by another run is fatal.
     """
@@ -190,7 +198,7 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     with exclusive_lock(f"{prefix}.lock", f"output prefix {prefix}"):
         try:
             return _tokenize_locked(paths, vocab, tokenizer, prefix, workers, shard_lines, resume,
-                                    keep_shards, keys)
+                                    keep_shards, keys, encoder)
         except OSError as e:
             # Only our own outputs (all named <prefix>...): e.g. the disk filled or the folder became read-only.
             if e.filename is None or not str(e.filename).startswith(str(prefix)):
@@ -200,7 +208,7 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
 
 def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokenizer, prefix: Path, workers: int,
                      shard_lines: int, resume: bool, keep_shards: bool,
-                     keys: tuple[str, ...] | None) -> dict[str, Any]:
+                     keys: tuple[str, ...] | None, encoder: str = "auto") -> dict[str, Any]:
     work = Path(f"{prefix}.shards")
     manifest = _manifest(paths, vocab, tokenizer.lowercase, shard_lines, keys)
     manifest_path = work / "manifest.json"
@@ -219,10 +227,10 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
         warm_up()  # load NLTK once; forked workers inherit it
     if workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
-                                   initargs=(str(vocab), tokenizer.lowercase, keys))
+                                   initargs=(str(vocab), tokenizer.lowercase, keys, encoder))
     else:
         pool = None
-        _init_worker_in_process(tokenizer, keys)
+        _init_worker_in_process(tokenizer, keys, encoder)
     pending: dict[int, Future] = {}
     shard_bytes: dict[int, int] = {}
     stages = {"read": 0.0, "parse": 0.0, "encode": 0.0, "write": 0.0}
@@ -285,6 +293,7 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
     summary = {**tot, "shards": len(results), "shards_reused": reused, "workers": workers,
                "lowercase": tokenizer.lowercase, "vocab": str(vocab), "vocab_size": tokenizer.vocab_size,
                "json_keys": list(keys) if keys else None,
+               "encoder": encoder_name(tokenizer, encoder),
                "unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
                "problems": [p for k in sorted(results) for p in results[k]["problems"]][:20],
                "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
@@ -340,10 +349,12 @@ def _timed(it: Iterator[Any], stages: dict[str, float]) -> Iterator[Any]:
         yield item
 
 
-def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str, ...] | None = None) -> None:
+def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str, ...] | None = None,
+                            encoder: str = "auto") -> None:
     """workers=1: tokenize in this process, single-threaded, so 1 vs N workers is a fair comparison."""
-    global _TOKENIZER, _JSON_KEYS
+    global _TOKENIZER, _JSON_KEYS, _ENCODER
     _JSON_KEYS = json_keys
     _PREV_PAR[0] = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = tokenizer
+    _ENCODER = fast_encoder(tokenizer, encoder)

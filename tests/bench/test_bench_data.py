@@ -27,3 +27,5 @@ def test_bench_data_whole_process_reports_stages(tmp_path, capsys):
     # the stages happen inside the run: their wall time cannot exceed it (workers=1: no overlap)
     assert stages["startup"] + stages["in_process_seconds"] <= ours["wall_seconds"] + 1e-3
     assert "megatron_lm" not in whole and "ratio_megatron_lm_over_ours" not in whole
+    # the reference encoder (tokenizers alone) ran beside it and wrote the same bytes
+    assert whole["ours_tokenizers_encoder"]["same_bytes"] is True and whole["ratio_tokenizers_encoder_over_ours"] > 0

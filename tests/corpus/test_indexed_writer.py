@@ -106,20 +106,6 @@ _GOLDEN = {
 VOCABS = Path(__file__).resolve().parents[2] / "bio_megatron" / "resources" / "vocab"
 
 
-@pytest.fixture(scope="module")
-def sample_jsonl(tmp_path_factory) -> Path:
-    from bio_megatron.corpus.pmc import extract_pmc
-    from bio_megatron.corpus.pubmed import extract_pubmed
-    from bio_megatron.corpus.samples import sample_files
-
-    d = tmp_path_factory.mktemp("jsonl")
-    extract_pubmed(sample_files()["pubmed"], d / "pubmed.jsonl")
-    extract_pmc(sample_files()["pmc"], d / "pmc.jsonl")
-    out = d / "all.jsonl"
-    out.write_bytes((d / "pubmed.jsonl").read_bytes() + (d / "pmc.jsonl").read_bytes())
-    return out
-
-
 @pytest.mark.parametrize("case", sorted(_GOLDEN))
 def test_tokenize_output_unchanged_sha256(tmp_path, sample_jsonl, case):
     from bio_megatron.corpus.tokenize import tokenize_corpus
