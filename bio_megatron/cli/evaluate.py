@@ -1,7 +1,7 @@
 """``bio-megatron evaluate {ner,re,squad,bioasq}`` and ``bioasq-submission``: official-equivalent scores as JSON.
 
 Each command prints one JSON object on stdout. Metric definitions and which official scorer each one
-equals: docs/EVALUATION.md.
+equals: docs/EVALUATION.md. BLURB's other tasks (``pubmedqa``, ``hoc``, ...) are in ``evaluate_blurb``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="score predictions with the official NER/RE/SQuAD/BioASQ metrics",
+    p = sub.add_parser("evaluate", help="score predictions with the official NER/RE/SQuAD/BioASQ/BLURB metrics",
                        description="Score predictions; prints one JSON object.")
     ev = p.add_subparsers(dest="evaluate_command", metavar="TASK", required=True)
 
@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     bs.add_argument("--out", help="also write the submission here")
     bs.add_argument("--max-answers", type=int, default=5)
     bs.set_defaults(func=run_bioasq_submission)
+
+    from bio_megatron.cli.evaluate_blurb import register as register_blurb  # here: it imports emit from us
+
+    register_blurb(ev)
 
 
 def emit(obj: dict | str) -> int:
