@@ -24,6 +24,9 @@ from bio_megatron.utils.log import get_logger
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 SQUAD = FIX / "qa" / "squad_v2_dev_slice.json"
 CONLL = FIX / "ner" / "bc5cdr_two_types_perturbed.conll"
+BLURB_GOLD = {"pubmedqa": "PubMedQA/test_ground_truth.json", "bioasq_yesno": "BioASQ/yesno_golden.json",
+              "ddi": "DDI/test.tsv", "gad": "GAD/test.tsv", "biosses": "BIOSSES/test.tsv", "hoc": "HoC/test.tsv",
+              "ebm_pico": "EBM_PICO/test.tsv", "jnlpba": "JNLPBA/test.tsv"}
 IOB = FIX / "ner" / "bc5cdr_chem_devel_head.tsv"  # token<TAB>tag: the training format, no prediction column
 BIOASQ = FIX / "bioasq"
 
@@ -78,6 +81,10 @@ def _commands(bad: Path) -> dict[str, list[str]]:
         "label-bias-re": ["analyse", "label-bias", "re", str(bad)],
         "label-bias-qa": ["analyse", "label-bias", "qa", str(bad)],
         "mention-overlap": ["analyse", "mention-overlap", "--train", str(IOB), "--eval", str(bad)],
+        # BLURB's tasks: a bad gold file, and a bad prediction file against valid gold
+        **{f"{task}-{side}": ["evaluate", task, "--gold", str(bad if side == "gold" else FIX / "blurb" / gold_file),
+                              "--pred", str(bad)]
+           for task, gold_file in BLURB_GOLD.items() for side in ("gold", "pred")},
     }
 
 
@@ -85,7 +92,8 @@ def _commands(bad: Path) -> dict[str, list[str]]:
 @pytest.mark.parametrize("kind", ["empty", "binary"])
 def test_empty_or_binary_file_is_refused(capsys, bad_files, command, kind):
     bad = bad_files[kind]
-    what = {"empty": ("empty file", "no tokens", "no labels"), "binary": ("binary file, not text",)}[kind]
+    what = {"empty": ("empty file", "no tokens", "no labels", "no records", "no document", "no words"),
+            "binary": ("binary file, not text",)}[kind]
     msg = _refused(capsys, _commands(bad)[command], str(bad))
     assert any(w in msg for w in what), msg
     assert "expected" in msg  # says what the file should have held
