@@ -27,7 +27,7 @@ def build_demo_corpus(out: Path) -> Path:
     from bio_megatron.corpus.pubmed import extract_pubmed
     from bio_megatron.corpus.samples import sample_files
     from bio_megatron.corpus.tokenize import tokenize_corpus
-    from bio_megatron.data.pretrain import resolve_vocab
+    from bio_megatron.vocab.builtin import resolve_vocab
 
     prefix = out / "data" / "pubmed_pmc_text_sentence"
     if Path(f"{prefix}.bin").exists() and Path(f"{prefix}.idx").exists():

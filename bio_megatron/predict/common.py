@@ -13,14 +13,15 @@ from bio_megatron.config.loader import from_dict
 from bio_megatron.tasks.heads import build_head
 from bio_megatron.tasks.model import Source, TaskModel, build_task_model, load_into, resolve_source
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+from bio_megatron.vocab.bpe import load_tokenizer
+from bio_megatron.vocab.wordpiece import RustBackedTokenizer
 
 
 @dataclass
 class Loaded:
     model: TaskModel
     cfg: object           # the task config saved with the checkpoint
-    tokenizer: WordPieceTokenizer
+    tokenizer: RustBackedTokenizer  # WordPiece, or byte-level BPE (RoBERTa): what fine-tuning used
     labels: list[str] | None
     source: Source
 
@@ -60,8 +61,9 @@ def load_finetuned(path: str | Path) -> Loaded:
         setattr(m, k, v)
     m.tensor_model_parallel_size = m.pipeline_model_parallel_size = 1
     if src.vocab_file is None:
-        raise CheckpointError(f"{src.path}: no vocab.txt beside the weights")
-    tokenizer = WordPieceTokenizer(src.vocab_file, m.tokenizer.do_lower_case)
+        raise CheckpointError(f"{src.path}: no vocabulary beside the weights (vocab.txt, or vocab.json + "
+                              "merges.txt)")
+    tokenizer = load_tokenizer(src.vocab_file, m.tokenizer.do_lower_case)
     num_classes = len(src.labels) if src.labels else 2
     head = build_head(src.task, m, m.shape().hidden_size, num_classes)
     padded = src.padded_vocab or tokenizer.vocab_size

@@ -1,9 +1,10 @@
 """``predict ner``: documents (plain text, one per line, or JSON lines ``{"id", "text"}``) -> entities with
 character offsets, one JSON object per document.
 
-Words are cut with BERT's pre-tokenizer (white space and punctuation, as in the IOB training files),
-sentences with the ChemProt splitter; a sentence longer than the model's ``max_seq_length`` is cut into
-pieces that fit. Tags are read per word at the first sub-token, chunks follow conlleval's rules.
+Words are cut with BERT's pre-tokenizer (white space and punctuation, as in the IOB training files) whatever
+the vocabulary (a RoBERTa model then encodes each word as in fine-tuning), sentences with the ChemProt
+splitter; a sentence longer than the model's ``max_seq_length`` is cut into pieces that fit. Tags are read
+per word at the first sub-token, chunks follow conlleval's rules.
 """
 
 from __future__ import annotations
@@ -41,13 +42,14 @@ def read_documents(path: str | Path) -> Iterator[tuple[str, str]]:
 
 def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, int]]]]:
     """Sentences as lists of (word, (start, end)), each short enough for the model."""
-    pre = loaded.tokenizer.backend.pre_tokenizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    pre = BertPreTokenizer()  # the words of the IOB files, not the byte-level pieces a BPE backend would cut
     limit = loaded.cfg.model.dataset.max_seq_length - 2
     out = []
     for s0, e0 in split_sentences(text):
         words = [(w, (s0 + a, s0 + b)) for w, (a, b) in pre.pre_tokenize_str(text[s0:e0])]
-        lens = [len(e.ids) or 1 for e in loaded.tokenizer.backend.encode_batch(
-            [[w] for w, _ in words], is_pretokenized=True, add_special_tokens=False)]
+        lens = [len(e.ids) or 1 for e in loaded.tokenizer.encode_words([[w] for w, _ in words])]
         piece, used = [], 0
         for wd, n in zip(words, lens):
             if piece and used + n > limit:
@@ -73,7 +75,7 @@ def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[di
     for b in range(0, len(feats), batch_size):
         group = feats[b:b + batch_size]
         seq = max(len(f.input_ids) for f in group)
-        ids = torch.zeros(len(group), seq, dtype=torch.long)
+        ids = torch.full((len(group), seq), loaded.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
         mask = torch.zeros_like(ids)
         for r, f in enumerate(group):
             ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)

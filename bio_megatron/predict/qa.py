@@ -39,7 +39,7 @@ def answer(loaded: Loaded, examples: list[QAExample], batch_size: int = 16) -> t
     for b in range(0, len(feats), batch_size):
         group = feats[b:b + batch_size]
         seq = max(len(f.input_ids) for f in group)
-        ids = torch.zeros(len(group), seq, dtype=torch.long)
+        ids = torch.full((len(group), seq), loaded.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
         types, mask = torch.zeros_like(ids), torch.zeros_like(ids)
         for r, f in enumerate(group):
             n = len(f.input_ids)

@@ -77,7 +77,7 @@ class NerTask:
 
     def collate(self, split: NerSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
         n = len(indices)
-        ids = torch.zeros(n, seq_len, dtype=torch.long)
+        ids = torch.full((n, seq_len), self.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1, BERT's 0
         labels = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
         mask = torch.zeros(n, seq_len, dtype=torch.long)
         for r, i in enumerate(indices):

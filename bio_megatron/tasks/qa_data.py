@@ -2,7 +2,8 @@
 
 Windows follow BERT/NeMo: ``doc_stride`` is the step between window starts (not HF's overlap), the
 question is cut to ``max_query_length`` sub-tokens, every window is
-``[CLS] question [SEP] context-window [SEP]`` of at most ``max_seq_length``. Each context position keeps
+``[CLS] question [SEP] context-window [SEP]`` (RoBERTa: ``<s> question </s></s> context-window </s>``) of at
+most ``max_seq_length``. Each context position keeps
 its character offsets into the context, so predicted spans are cut from the original text.
 Post-processing is BERT's ``write_predictions``: top ``n_best_size`` starts x ends, spans of at most
 ``max_answer_length`` tokens whose start has maximal context in its window, null score = min over
@@ -102,14 +103,17 @@ def _max_context(windows: list[tuple[int, int]], w: int, pos: int) -> bool:
 
 def build_features(examples: Sequence[QAExample], tokenizer, max_seq_length: int = 384,
                    doc_stride: int = 128, max_query_length: int = 64, training: bool = False) -> list[QAFeature]:
-    """Sliding-window features; with ``training`` the start/end targets are set (0 = [CLS] if absent)."""
-    backend = tokenizer.backend
-    q_encs = backend.encode_batch([e.question for e in examples], add_special_tokens=False)
-    c_encs = backend.encode_batch([e.context for e in examples], add_special_tokens=False)
+    """Sliding-window features; with ``training`` the start/end targets are set (0 = [CLS] if absent).
+
+    The window is laid out by ``tokenizer.pair`` (BERT ``[CLS] q [SEP] c [SEP]``, types 0/1; RoBERTa
+    ``<s> q </s></s> c </s>``, one type), with question and context encoded apart as transformers' fast
+    tokenizers encode a pair (so each keeps its own offsets, trimmed of leading spaces for RoBERTa)."""
+    q_encs = tokenizer.encode_texts([e.question for e in examples])
+    c_encs = tokenizer.encode_texts([e.context for e in examples])
     features = []
     for ei, (ex, qe, ce) in enumerate(zip(examples, q_encs, c_encs)):
         q_ids = qe.ids[:max_query_length]
-        max_ctx = max_seq_length - len(q_ids) - 3
+        max_ctx = max_seq_length - len(q_ids) - tokenizer.pair_specials
         if max_ctx <= 0:
             raise DataError(f"max_seq_length ({max_seq_length}) leaves no room for context after a question of "
                             f"{len(q_ids)} tokens; raise it or lower max_query_length ({max_query_length})")
@@ -121,11 +125,10 @@ def build_features(examples: Sequence[QAExample], tokenizer, max_seq_length: int
                 break
             start += min(length, doc_stride)
         for wi, (ws, wl) in enumerate(windows):
-            head = [tokenizer.cls] + q_ids + [tokenizer.sep]
-            ids = head + ce.ids[ws:ws + wl] + [tokenizer.sep]
-            types = [0] * len(head) + [1] * (wl + 1)
-            offsets = [None] * len(head) + [tuple(o) for o in ce.offsets[ws:ws + wl]] + [None]
-            maxc = [False] * len(head) + [_max_context(windows, wi, ws + k) for k in range(wl)] + [False]
+            ids, types = tokenizer.pair(q_ids, ce.ids[ws:ws + wl])
+            head = len(ids) - wl - 1  # the window sits just before the last special token
+            offsets = [None] * head + [tuple(o) for o in ce.offsets[ws:ws + wl]] + [None]
+            maxc = [False] * head + [_max_context(windows, wi, ws + k) for k in range(wl)] + [False]
             feat = QAFeature(ei, ids, types, offsets, maxc)
             if training and not ex.is_impossible and ex.answers:
                 a = ex.answers[0]

@@ -20,7 +20,7 @@ def read_split(d, name: str) -> list[RelationExample]:
 @dataclass
 class ReSplit:
     examples: list[RelationExample]
-    features: list[list[int]]   # [CLS] sentence [SEP] ids
+    features: list[list[int]]   # [CLS] sentence [SEP] ids (<s> sentence </s> for RoBERTa)
     label_ids: list[int]
 
 
@@ -46,9 +46,9 @@ class ReTask:
         for ex in examples:
             if ex.label not in self.label_map:
                 raise DataError(f"{split}: label {ex.label!r} of {ex.source} is not one of {self.labels}")
-        encs = self.tokenizer.backend.encode_batch([e.sentence for e in examples], add_special_tokens=False)
+        ids = self.tokenizer.tokenize_batch([e.sentence for e in examples])  # raw text, as RobertaTokenizerFast too
         n = self.d.max_seq_length - 2
-        feats = [[self.tokenizer.cls] + e.ids[:n] + [self.tokenizer.sep] for e in encs]
+        feats = [self.tokenizer.single(i[:n]) for i in ids]
         return ReSplit(examples, feats, [self.label_map[e.label] for e in examples])
 
     def split(self, name: str) -> ReSplit | None:
@@ -67,7 +67,7 @@ class ReTask:
         return len(split.features[i])
 
     def collate(self, split: ReSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
-        ids = torch.zeros(len(indices), seq_len, dtype=torch.long)
+        ids = torch.full((len(indices), seq_len), self.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
         mask = torch.zeros_like(ids)
         for r, i in enumerate(indices):
             f = split.features[max(i, 0)]

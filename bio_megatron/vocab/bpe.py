@@ -5,6 +5,9 @@ Both tokenizer kinds expose the same interface (``tokenize_batch``, ``vocab_size
 converters take whatever :func:`load_tokenizer` returns instead of branching on the kind. RoBERTa's special
 tokens play BERT's roles: ``<s>`` is ``cls``, ``</s>`` is ``sep`` (also the document separator), ``<pad>``,
 ``<unk>``, ``<mask>``; ids 0..3 and the last id for ``<mask>``, exactly as ``roberta-base``.
+
+Fine-tuning encodes as ``RobertaTokenizerFast``: raw text (RE, QA) without a prefix space, pre-split NER words
+with one (``add_prefix_space=True``), pairs as ``<s> a </s></s> b </s>`` with one token type, pad id 1.
 """
 
 from __future__ import annotations
@@ -86,15 +89,35 @@ class BPETokenizer(RustBackedTokenizer):
         h = hashlib.sha256(Path(self.vocab_file).read_bytes() + Path(self.merges_file).read_bytes())
         return {"class": type(self).__name__, "vocab_sha256": h.hexdigest()[:16], "lowercase": False}
 
-    @cached_property
-    def backend(self):
-        """The Rust tokenizer, built lazily so that pickling to worker processes stays cheap."""
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    def _byte_level(self, add_prefix_space: bool):
+        """The Rust tokenizer ``RobertaTokenizerFast`` builds: byte-level BPE, and its post-processor, whose
+        ``trim_offsets`` keeps the leading space out of a token's character offsets (QA answers are cut with
+        them); it adds ``<s>``/``</s>`` only when asked, so ids without special tokens are unchanged."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
         tok = Tokenizer(models.BPE.from_file(self.vocab_file, self.merges_file))
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space)
         tok.decoder = decoders.ByteLevel()
+        tok.post_processor = processors.RobertaProcessing(("</s>", self.sep), ("<s>", self.cls), trim_offsets=True,
+                                                          add_prefix_space=add_prefix_space)
         return tok
+
+    @cached_property
+    def backend(self):
+        """Raw text as ``RobertaTokenizerFast`` (``add_prefix_space=False``), built lazily so that pickling to
+        worker processes stays cheap."""
+        return self._byte_level(add_prefix_space=False)
+
+    @cached_property
+    def word_backend(self):
+        """Pre-split words as ``RobertaTokenizerFast(add_prefix_space=True)`` encodes them (transformers requires
+        it with ``is_split_into_words``): every word, the first too, in its leading-space form (``Ġword``)."""
+        return self._byte_level(add_prefix_space=True)
+
+    def pair(self, first: list[int], second: list[int]) -> tuple[list[int], list[int]]:
+        """RoBERTa's pair ``<s> a </s></s> b </s>``, one token type (as ``RobertaProcessing``)."""
+        ids = [self.cls, *first, self.sep, self.sep, *second, self.sep]
+        return ids, [0] * len(ids)
 
     def convert_ids_to_tokens(self, ids) -> list[str]:
         return [self.inv_vocab[int(i)] for i in ids]

@@ -51,14 +51,49 @@ def guess_lowercase(tokens: list[str]) -> bool:
 
 class RustBackedTokenizer:
     """What both vocabulary kinds (WordPiece here, byte-level BPE in :mod:`bio_megatron.vocab.bpe`) do through
-    their Rust ``tokenizers`` backend; a subclass builds ``backend`` (a lazy ``cached_property``)."""
+    their Rust ``tokenizers`` backend; a subclass builds ``backend`` (a lazy ``cached_property``).
+
+    The fine-tuning tasks read text only through :meth:`encode_words` (NER), :meth:`encode_texts` (RE, QA),
+    :meth:`single` / :meth:`pair` and ``pad``, so that each kind formats its inputs as its transformers
+    tokenizer does (``BertTokenizerFast`` / ``RobertaTokenizerFast``) without the tasks branching on the kind."""
 
     backend: object
+    cls: int
+    sep: int
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("backend", None)  # rebuilt lazily: pickling to worker processes stays cheap
+        for lazy in ("backend", "word_backend"):
+            state.pop(lazy, None)  # rebuilt lazily: pickling to worker processes stays cheap
         return state
+
+    @property
+    def word_backend(self):
+        """The Rust tokenizer for pre-split words (``backend`` itself unless a kind encodes words differently)."""
+        return self.backend
+
+    def encode_words(self, sentences: list[list[str]]) -> list:
+        """``tokenizers`` encodings (``ids``, ``word_ids``) of pre-split sentences, without special tokens: what
+        transformers' fast tokenizer gives with ``is_split_into_words=True``."""
+        return self.word_backend.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
+
+    def encode_texts(self, texts: list[str]) -> list:
+        """``tokenizers`` encodings (``ids``, character ``offsets``) of raw texts, without special tokens."""
+        return self.backend.encode_batch(texts, add_special_tokens=False)
+
+    def single(self, ids: list[int]) -> list[int]:
+        """One sequence as the model reads it: ``[CLS] ids [SEP]`` (``<s> ids </s>`` for RoBERTa)."""
+        return [self.cls, *ids, self.sep]
+
+    def pair(self, first: list[int], second: list[int]) -> tuple[list[int], list[int]]:
+        """Token ids and token types of a pair: BERT's ``[CLS] a [SEP] b [SEP]``, types 0 up to the first
+        ``[SEP]``, 1 after. The second sequence always sits just before the last token."""
+        return [self.cls, *first, self.sep, *second, self.sep], [0] * (len(first) + 2) + [1] * (len(second) + 1)
+
+    @property
+    def pair_specials(self) -> int:
+        """How many special tokens :meth:`pair` adds (3 for BERT, 4 for RoBERTa)."""
+        return len(self.pair([], [])[0])
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens."""

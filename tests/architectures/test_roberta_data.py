@@ -237,7 +237,7 @@ def test_biolm_recipes_are_roberta_sized(recipe, shape, bpe_dir, capsys):
 
 def test_mlm_objective_over_wordpiece(pubmed_prefix):
     """The dataset takes its special tokens from the tokenizer: over WordPiece, [CLS]/[SEP]/[PAD] = 0 play the roles."""
-    from bio_megatron.data.pretrain import resolve_vocab
+    from bio_megatron.vocab.builtin import resolve_vocab
     from bio_megatron.demo import VOCAB
     from bio_megatron.vocab.bpe import load_tokenizer
 

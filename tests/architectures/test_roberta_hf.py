@@ -2,7 +2,7 @@
 trained here, positions offset by ``padding_idx + 1``, one token type) imported with ``import hf`` gives
 transformers' MLM logits at TP1 and, resharded by dist-checkpointing, at TP2xPP2 (right-padded batch, real
 positions compared); ``export hf`` writes a ``RobertaForMaskedLM`` folder transformers loads with the same
-logits; fine-tuning from a BPE model is refused with one clear line."""
+logits. Fine-tuning from it: ``test_roberta_finetune.py``."""
 
 from __future__ import annotations
 
@@ -161,17 +161,6 @@ def test_export_loads_in_transformers_with_same_logits(imported):
     diff = _diff(res["mlm"], ref)
     assert diff < 1e-4, diff
     print(f"roberta export -> transformers: max |exported - original| = {diff:.2e}")
-
-
-def test_finetune_from_bpe_model_is_refused(imported):
-    from bio_megatron.config.finetune import CONFIG_CLASSES
-    from bio_megatron.tasks.model import apply_source_shape, resolve_source
-    from bio_megatron.utils.errors import BioMegatronError
-
-    root, _ = imported
-    for source in (root / "ckpt", root / "hf"):
-        with pytest.raises(BioMegatronError, match="byte-level BPE .* cannot be fine-tuned"):
-            apply_source_shape(CONFIG_CLASSES["ner"]().model, resolve_source(source))
 
 
 def test_roberta_task_classes_are_refused(imported, tmp_path):

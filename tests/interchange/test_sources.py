@@ -116,7 +116,7 @@ def test_finetune_restores_from_a_nemo_archive(archive):
 def _megatron_lm_source(root: str) -> dict:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.data.pretrain import resolve_vocab
+    from bio_megatron.vocab.builtin import resolve_vocab
     from bio_megatron.interchange.megatron_lm import TRACKER, _megatron_args
     from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model

@@ -29,7 +29,7 @@ def _write_source(root: str) -> int:
     """In a forked 1-rank world (the pytest process must not set up torch.distributed): the legacy file, and
     the perturbed full state it was made from (``full.pt``), the reference's input."""
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.data.pretrain import resolve_vocab
+    from bio_megatron.vocab.builtin import resolve_vocab
     from bio_megatron.interchange.megatron_lm import TRACKER, _megatron_args
     from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
