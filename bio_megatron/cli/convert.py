@@ -25,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ihf = isub.add_parser("hf", help="a Hugging Face MegatronBert folder -> checkpoint loadable at any layout")
     ihf.add_argument("--model", required=True, help="HF folder (config.json, *.safetensors, vocab.txt)")
     ihf.add_argument("--out", required=True, help="checkpoint directory to write: new or empty (atomically)")
+    ihf.add_argument("--generator", help="ELECTRA only: the generator's folder (ElectraForMaskedLM) beside the "
+                                         "discriminator given with --model (default: a fresh generator)")
     ihf.add_argument("--overwrite", action="store_true", help=_OVERWRITE_HELP.format("import hf"))
     _add_verify(ihf, "transformers' own model loaded from the folder")
     ihf.set_defaults(func=run_import)
@@ -49,7 +51,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     try:
         result = import_hf(args.model, args.out, overwrite=args.overwrite, verify=args.verify,
-                           tolerance=args.tolerance)
+                           tolerance=args.tolerance, generator=args.generator)
         print(json.dumps(result, indent=2))
     finally:
         teardown()

@@ -17,21 +17,10 @@ import torch
 from bio_megatron.config.pretrain import PretrainConfig, data_blend
 from bio_megatron.utils.errors import ConfigError, DataError
 from bio_megatron.utils.log import get_logger
+from bio_megatron.vocab.builtin import resolve_vocab
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
-
-BUILTIN_VOCABS = {
-    "bert_base_cased": "bert_base_cased_vocab.txt",
-    "bert_base_uncased": "bert_base_uncased_vocab.txt",
-}
-
-
-def resolve_vocab(name_or_path: str) -> Path:
-    """A built-in vocabulary name or a path to a WordPiece ``vocab.txt``."""
-    if name_or_path in BUILTIN_VOCABS:
-        return Path(__file__).resolve().parents[1] / "resources" / "vocab" / BUILTIN_VOCABS[name_or_path]
-    return Path(name_or_path)
 
 
 def load_tokenizer(cfg: PretrainConfig) -> WordPieceTokenizer:
@@ -124,8 +113,12 @@ class PretrainData:
         start = global_step * self.global_batch_size + self.dp_rank * per_rank
         out = []
         for j in range(self.num_microbatches):
-            idx = [(start + j * self.micro_batch_size + k) % len(dataset) for k in range(self.micro_batch_size)]
-            out.append(collate([dataset[i] for i in idx]))
+            first = start + j * self.micro_batch_size
+            batch = collate([dataset[(first + k) % len(dataset)] for k in range(self.micro_batch_size)])
+            # The sample's position in the split's sample order (not wrapped around an epoch): a layout-free
+            # key for per-sample randomness, such as ELECTRA's Gumbel noise.
+            batch["sample_index"] = torch.arange(first, first + self.micro_batch_size, dtype=torch.int64)
+            out.append(batch)
         return out
 
     def train_microbatches(self, step: int) -> list[dict[str, torch.Tensor]]:

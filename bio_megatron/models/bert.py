@@ -105,6 +105,17 @@ def _local_spec(m: ModelConfig, on_gpu: bool) -> ModuleSpec:
     return spec
 
 
+def mask_padded_vocab(logits: torch.Tensor, true_vocab_size: int) -> torch.Tensor:
+    """This rank's slice of vocab-parallel logits with the padding entries (ids >= ``true_vocab_size``) at -inf."""
+    per_rank = logits.shape[-1]
+    n_real = true_vocab_size - ps.get_tensor_model_parallel_rank() * per_rank
+    if n_real >= per_rank:
+        return logits
+    logits = logits.clone()
+    logits[..., max(n_real, 0):] = float("-inf")
+    return logits
+
+
 class BioBertModel(BertModel):
     """megatron-core BertModel that also accepts ``SDPACoreAttention`` in the local spec and keeps the
     vocabulary padding out of the softmax.
@@ -136,14 +147,7 @@ class BioBertModel(BertModel):
 
     def _mask_padded_vocab(self, module, inputs, output):
         logits, bias = output
-        per_rank = logits.shape[-1]
-        start = ps.get_tensor_model_parallel_rank() * per_rank
-        n_real = self.true_vocab_size - start
-        if n_real >= per_rank:
-            return output
-        logits = logits.clone()
-        logits[..., max(n_real, 0):] = float("-inf")
-        return logits, bias
+        return mask_padded_vocab(logits, self.true_vocab_size), bias
 
     def _sanity_check_attention_and_get_attn_mask_dimension(self) -> str:
         core = self.transformer_layer_spec.submodules.self_attention.submodules.core_attention

@@ -20,7 +20,8 @@ from bio_megatron.config.sizes import ModelShape
 from bio_megatron.utils.errors import CheckpointError
 
 # config.json model_type -> transformer_block_type ("bio-megatron-bert": export hf's remote-code task classes)
-HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln", "roberta": "post_ln"}
+HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln", "roberta": "post_ln",
+                  "electra": "post_ln"}  # ELECTRA: the discriminator (models/hf_electra.py)
 # RoBERTa folders import as pretraining models only: fine-tuning tokenizes with WordPiece (see roberta_to_bert).
 ROBERTA_CLASSES = ("RobertaModel", "RobertaForMaskedLM")
 
@@ -97,6 +98,10 @@ def hf_shape(cfg: dict, where: str) -> dict:
         if arch not in ROBERTA_CLASSES:
             problems.append(f"architectures [{arch!r}] (RoBERTa imports as {' / '.join(ROBERTA_CLASSES)} only)")
         offset = roberta_position_offset(cfg)
+    if cfg.get("model_type") == "electra":
+        from bio_megatron.models.hf_electra import electra_problems
+
+        problems += electra_problems(cfg)
     if problems:
         raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
     return {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],

@@ -37,6 +37,8 @@ class LoopState:
     hooks: dict = field(default_factory=dict)  # on_step(step, StepResult), on_validate(step), should_stop(step)
     max_nonfinite_steps: int = 3
     """Stop (``"diverged"``) after this many non-finite steps in a row."""
+    report_keys: tuple[str, ...] = ()
+    """Further keys of the task's per-micro-batch report, averaged like the loss into ``StepResult.extra``."""
     nonfinite_streak: int = 0
     skipped_steps: int = 0
     """Steps without a parameter update in this process's run (non-finite, or fp16 loss-scaler overflow)."""
@@ -56,6 +58,8 @@ class StepResult:
     """The loss or some rank's gradients were NaN/Inf: no update (agreed by every rank)."""
     skipped: bool = False
     """No parameter update this step (non-finite, or the fp16 loss scaler found an overflow)."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """``LoopState.report_keys`` averaged over micro-batches and data-parallel ranks."""
 
 
 def reduce_losses(losses: list[dict], key: str = "loss") -> float:
@@ -84,13 +88,15 @@ def train_step(s: LoopState) -> StepResult:
     s.model.train()
     s.model.zero_grad_buffer()
     s.optimizer.zero_grad()
-    loss = reduce_losses(run_batches(s, s.train_batches(s.step), forward_only=False))
+    reports = run_batches(s, s.train_batches(s.step), forward_only=False)
+    loss = reduce_losses(reports)
+    extra = {k: reduce_losses(reports, k) for k in s.report_keys}
     if step_is_nonfinite(loss, s.model, s.optimizer):
-        return StepResult(loss, None, nonfinite=True, skipped=True)
+        return StepResult(loss, None, nonfinite=True, skipped=True, extra=extra)
     updated, grad_norm, _ = s.optimizer.step()
     if updated:
         s.scheduler.step(increment=1)
-    return StepResult(loss, float(grad_norm) if grad_norm is not None else None, skipped=not updated)
+    return StepResult(loss, float(grad_norm) if grad_norm is not None else None, skipped=not updated, extra=extra)
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Masked-LM pretraining of Megatron BERT: set-up around the shared loop, and ``run_pretraining``."""
+"""Pretraining of Megatron BERT (masked LM, +/- NSP; RoBERTa's MLM; ELECTRA's replaced-token detection):
+set-up around the shared loop, and ``run_pretraining``."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
-from bio_megatron.config.pretrain import PretrainConfig, validate
+from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, electra_shapes, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
 from bio_megatron.models.bert import build_model, describe_precision, dtype_name, precision_dtype
+from bio_megatron.models.electra import build_electra_model
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training import electra_loss
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
@@ -48,10 +51,34 @@ def forward_step(data_iterator, model, binary_head: bool):
     return loss, lambda output: (output, report)
 
 
+def electra_forward_step(data_iterator, model, seed: int, weight: float):
+    """One micro-batch of ELECTRA: generator MLM + ``weight`` x replaced-token detection (PP is always 1)."""
+    batch = next(data_iterator)
+    # Validation draws other noise than training: its sample positions restart at 0.
+    seeds = electra_loss.noise_seeds(batch["sample_index"], seed, "train" if model.training else "valid")
+    b = _to_device(batch)
+    out = model(b["text"], b["padding_mask"], b["types"], b["labels"], b["loss_mask"], seeds)
+    loss, report = electra_loss.electra_loss(*out, b["padding_mask"], weight)
+    return loss, lambda output: (output, report)
+
+
+def _flops_per_sequence(m: ModelConfig, padded_vocab: int) -> float:
+    """Training matmul FLOPs of one sequence: BERT's, or ELECTRA's discriminator (1-logit head) plus its
+    generator (projection, layers, and the LM head on the masked tokens only)."""
+    seq = m.encoder_seq_length
+    if m.objective != "electra":
+        return flops_per_sequence(m.shape(), seq, padded_vocab)
+    h, g = m.shape().hidden_size, electra_shapes(m)
+    gh, masked = g.hidden_size, m.data.masked_lm_prob * seq
+    generator = (flops_per_sequence(g, seq, 0) - 3 * seq * 2 * gh * gh  # its layers (not BERT's dense head)
+                 + 3 * (seq * 2 * h * gh * (gh != h) + masked * 2 * (gh * h + h * padded_vocab)))
+    return flops_per_sequence(m.shape(), seq, 1) + generator
+
+
 def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     """This rank's model stage, initialised layout-invariantly, wrapped in megatron-core DDP."""
     m = cfg.model
-    model = build_model(m, vocab_size, dtype)
+    model = build_electra_model(m, vocab_size, dtype) if m.objective == "electra" else build_model(m, vocab_size, dtype)
     init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
     stage = model
     if dtype != torch.float32:
@@ -96,7 +123,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     tokenizer = load_tokenizer(cfg)
-    if tokenizer.pad != 0 and m.objective == "bert":  # objective mlm takes the masks from the sample instead
+    if tokenizer.pad != 0 and m.objective != "mlm":  # objective mlm takes the masks from the sample instead
         raise DataError(f"[PAD] must have id 0 (found {tokenizer.pad}): megatron-core's BERT dataset derives the "
                         "padding mask from it; a RoBERTa (BPE) vocabulary needs model.objective=mlm",
                         tokenizer.vocab_file)
@@ -124,7 +151,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     shape = m.shape()
     padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
-                       m.global_batch_size * flops_per_sequence(shape, m.encoder_seq_length, padded),
+                       m.global_batch_size * _flops_per_sequence(m, padded),
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size)
     stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
@@ -139,11 +166,14 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
             scale = loss_scale(optimizer)
             runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite,
                             overflow=r.skipped and not r.nonfinite and scale is not None, loss_scale=scale,
-                            compute_dtype=dtype_name(dtype))
+                            compute_dtype=dtype_name(dtype), **electra_loss.step_metrics(r.extra))
 
+    electra = m.objective == "electra"
     state = LoopState(
         model=ddp, optimizer=optimizer, scheduler=scheduler,
-        forward_step=partial(forward_step, binary_head=m.bert_binary_head),
+        forward_step=(partial(electra_forward_step, seed=t.seed, weight=m.discriminator_loss_weight) if electra
+                      else partial(forward_step, binary_head=m.bert_binary_head)),
+        report_keys=electra_loss.REPORT_KEYS if electra else (),
         train_batches=data.train_microbatches, valid_batches=data.valid_microbatches,
         seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size, max_steps=t.max_steps, step=step,
         max_nonfinite_steps=t.max_nonfinite_steps,
@@ -156,6 +186,11 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
              shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
              m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), data.num_microbatches,
              m.micro_batch_size, describe_precision(dtype), step, t.max_steps)
+    if electra:
+        g = electra_shapes(m)
+        log.info("ELECTRA: generator hidden %d, heads %d, FFN %d (fraction %.4g); loss = generator + %g x "
+                 "discriminator", g.hidden_size, g.num_attention_heads, g.ffn_hidden_size,
+                 m.generator_hidden_fraction, m.discriminator_loss_weight)
     t0 = time.perf_counter()
     runlog.start(step)
     try:

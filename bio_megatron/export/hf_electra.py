@@ -1,0 +1,249 @@
+"""``import hf`` / ``export hf`` for ELECTRA: HF discriminator (+ generator) folders <-> one ELECTRA checkpoint of
+ours (``model.objective: electra``, :mod:`bio_megatron.models.electra`).
+
+- **import**: ``--model`` is the discriminator (``ElectraForPreTraining``, or a bare ``ElectraModel``),
+  ``--generator`` its ``ElectraForMaskedLM``. The generator's width gives ``model.generator_hidden_fraction``
+  (G / H); its depth, heads and FFN must be what the model derives from it (:func:`config.pretrain.electra_shapes`)
+  and its embedding tensors must be the discriminator's (ELECTRA shares them). Without ``--generator``
+  (BioELECTRA publishes discriminators only) the checkpoint gets a freshly initialised generator of the
+  paper's fraction (1/3 as ELECTRA-base, 1/4 from width 1024 as ELECTRA-large), with a warning: fine-tuning reads only the discriminator, and
+  continued pretraining trains the generator from scratch alongside it, as ELECTRA itself does at step 0.
+  A bare ``ElectraModel`` likewise gets a fresh discriminator head.
+- **export**: ``OUT/discriminator/`` (``ElectraForPreTraining``) and ``OUT/generator/`` (``ElectraForMaskedLM``),
+  each a complete folder (config.json, model.safetensors, WordPiece tokenizer files), written atomically together.
+- **verify**: transformers' two classes loaded from the folders vs our checkpoint at TP1 on
+  :func:`interchange.verify.fixed_batch`: discriminator logits and generator MLM logits at the real positions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+
+from bio_megatron.models.hf_electra import (DISCRIMINATOR_CLASSES, MODEL_TYPE, electra_configs,
+                                            electra_hf_to_mcore, electra_mcore_to_hf, generator_problems)
+from bio_megatron.tasks.model import Source, _read_hf_config
+from bio_megatron.utils.errors import CheckpointError, ConfigError
+from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+SUBFOLDERS = ("discriminator", "generator")
+
+
+def is_electra_folder(path: str | Path) -> bool:
+    cfg = Path(path) / "config.json"
+    return cfg.is_file() and load_json(cfg).get("model_type") == MODEL_TYPE
+
+
+def is_electra_checkpoint(src: Source) -> bool:
+    return _saved_model(src).get("objective") == "electra"
+
+
+def _saved_model(src: Source) -> dict:
+    return (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
+
+
+def _model_config(shape: dict, **extra):
+    from bio_megatron.config.pretrain import ModelConfig
+
+    return ModelConfig(**shape, objective="electra", bert_binary_head=False, transformer_impl="local", **extra)
+
+
+def _stack_layers(full: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """``<prefix>encoder.layers.<i>.x`` -> one ``<prefix>encoder.layers.x`` stacked over i: the key
+    dist-checkpointing gives the generator's layers, which ``load_full_state`` then finds as it is."""
+    head, out, stacks = f"{prefix}encoder.layers.", {}, {}
+    for k, v in full.items():
+        if k.startswith(head):
+            i, rest = k[len(head):].split(".", 1)
+            stacks.setdefault(head + rest, {})[int(i)] = v
+        else:
+            out[k] = v
+    out.update({k: torch.stack([layers[i] for i in sorted(layers)]) for k, layers in stacks.items()})
+    return out
+
+
+def fresh_generator_fraction(hidden: int) -> float:
+    """The paper's generator size for a discriminator of width ``hidden`` when none is imported: 1/4 for
+    ELECTRA-large widths (>= 1024), 1/3 (ELECTRA-base) below; 1/3 of 1024 would give 341, which 64-wide heads
+    do not divide."""
+    return 1 / 4 if hidden >= 1024 else 1 / 3
+
+
+def import_electra(src: Source, generator: str | Path | None, out: str | Path, overwrite: bool, verify: bool,
+                   tolerance: float | None) -> dict:
+    """``import hf`` of an ELECTRA discriminator folder (``src``, already checked by ``resolve_source``) and
+    optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
+    from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
+    from bio_megatron.config.sizes import padded_vocab_size
+    from bio_megatron.export.hf import IMPORT_COMMAND, read_hf_weights
+    from bio_megatron.models.electra import build_electra_model
+    from bio_megatron.models.init import init_weights
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.tasks.model import load_full_state
+    from bio_megatron.training import checkpoint as ckpt
+    from bio_megatron.vocab.bpe import load_tokenizer
+
+    check_output_dir(out, IMPORT_COMMAND, overwrite)
+    disc_cfg = load_json(src.path / "config.json")
+    if verify:
+        _check_verifiable(src.path, disc_cfg)
+    m = _model_config(src.shape)
+    m.generator_hidden_fraction = fresh_generator_fraction(m.shape().hidden_size)
+    gen_cfg = gen_dir = None
+    if generator is not None:
+        gen_dir = Path(generator)
+        if not (gen_dir / "config.json").is_file():
+            raise CheckpointError(f"{gen_dir}: not a Hugging Face folder (no config.json)")
+        gen_cfg = _read_hf_config(gen_dir / "config.json")
+        m.generator_hidden_fraction = gen_cfg["hidden_size"] / disc_cfg["hidden_size"]
+    problems = electra_problems(m)
+    if gen_cfg is not None and not problems:
+        problems = generator_problems(gen_cfg, disc_cfg, electra_shapes(m))
+    if problems:
+        where = f"{gen_dir}/config.json" if gen_cfg is not None else f"{src.path}/config.json"
+        raise CheckpointError(f"{where}: cannot be imported as ELECTRA: " + "; ".join(problems))
+    tok = load_tokenizer(src.vocab_file, src.lowercase)
+    padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
+    # Every refusal that reads weights (shared embeddings, tied output) comes before a process group exists.
+    try:
+        full = electra_hf_to_mcore(read_hf_weights(src.path), read_hf_weights(gen_dir) if gen_dir else None,
+                                   m.shape(), electra_shapes(m), padded, f"{gen_dir or src.path}")
+    except KeyError as exc:
+        raise CheckpointError(f"{gen_dir or src.path}: weight {exc.args[0]} is missing (not an ELECTRA "
+                              "checkpoint?)") from None
+    cfg = PretrainConfig(model=m)
+    single_process()
+    model = build_electra_model(m, tok.vocab_size, torch.float32)
+    init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
+    fresh = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v) and k not in full}
+    missing = sorted({k.split(".")[0] for k in fresh})
+    if missing:  # BioELECTRA publishes discriminators only: keep a trainable generator / head, say so
+        log.warning("%s: no weights for %s in the source: freshly initialised (generator_hidden_fraction %.4g); "
+                    "fine-tuning uses the discriminator only", src.path, ", ".join(missing),
+                    m.generator_hidden_fraction)
+    load_full_state(model, _stack_layers({**full, **fresh}, "generator."))
+    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
+    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+        ckpt.save_model_checkpoint(
+            tmp, model, cfg, src.vocab_file,
+            {"imported_from": str(src.path), "generator_from": str(gen_dir) if gen_dir else None,
+             "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False}, "task": None,
+             "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": None})
+    log.info("imported ELECTRA %s%s -> %s", src.path, f" + {gen_dir}" if gen_dir else "", out)
+    result = {"out": str(out), "task": None, "labels": None, "objective": "electra",
+              "generator_hidden_fraction": m.generator_hidden_fraction, "fresh": missing}
+    if verify:
+        result["verify"] = verify_electra_import(src.path, gen_dir, out, tolerance)
+    return result
+
+
+def load_electra(src: Source, tp: int = 1):
+    """Our ELECTRA checkpoint (any saved TP) at tensor-parallel size ``tp`` (the process group's): (model in eval
+    mode, ModelConfig, tokenizer)."""
+    from bio_megatron.models.electra import build_electra_model
+    from bio_megatron.training.checkpoint import load_checkpoint
+    from bio_megatron.vocab.bpe import load_tokenizer
+
+    raw = _saved_model(src)
+    m = _model_config({k: v for k, v in src.shape.items()}, hidden_dropout=0.0, attention_dropout=0.0,
+                      generator_hidden_fraction=float(raw.get("generator_hidden_fraction", 1 / 3)))
+    m.tensor_model_parallel_size = tp
+    if src.padded_vocab and int(src.padded_vocab) % tp:
+        raise CheckpointError(f"{src.path}: padded vocabulary {src.padded_vocab} does not split over TP {tp}")
+    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
+        m.make_vocab_size_divisible_by = int(src.padded_vocab) // tp
+    tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
+    model = build_electra_model(m, tok.vocab_size, torch.float32)
+    load_checkpoint(src.path, model, model_only=True)
+    return model.eval(), m, tok
+
+
+def electra_forward(model) -> callable:
+    """(ids, mask, types) -> {"discriminator": [B, S, 1], "generator": [B, S, V/TP]} of our model. The
+    discriminator's logits get a trailing axis so that :func:`interchange.verify.compare` leaves out the padded
+    positions as it does for MLM logits; generator logits are computed at every real position."""
+    def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        disc = model.discriminator_logits(ids, mask, types).unsqueeze(-1)
+        rows = model.generator_logits(ids, mask, types, mask.bool()).squeeze(1)
+        gen = rows.new_zeros(ids.shape + (rows.shape[-1],))
+        gen[mask.bool()] = rows
+        return {"discriminator": disc, "generator": gen}
+
+    return forward
+
+
+def _check_verifiable(disc_dir: Path, cfg: dict) -> None:
+    arch = (cfg.get("architectures") or [""])[0]
+    if arch != DISCRIMINATOR_CLASSES[0]:
+        raise CheckpointError(f"{disc_dir}: --verify compares output heads; architectures {arch!r} has none "
+                              "(a bare encoder gets a fresh discriminator head here)")
+
+
+def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, checkpoint: str | Path,
+                          tolerance: float | None = None) -> dict:
+    """transformers' ``ElectraForPreTraining`` (and ``ElectraForMaskedLM``) from the folders vs our checkpoint."""
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.tasks.model import resolve_source
+
+    _check_verifiable(Path(disc_dir), load_json(Path(disc_dir) / "config.json"))
+    single_process()
+    disc = ElectraForPreTraining.from_pretrained(str(disc_dir)).eval()
+    gen = ElectraForMaskedLM.from_pretrained(str(gen_dir)).eval() if gen_dir else None
+
+    def reference(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {"discriminator": disc(input_ids=ids, attention_mask=mask, token_type_ids=types).logits.unsqueeze(-1)}
+        if gen is not None:
+            out["generator"] = gen(input_ids=ids, attention_mask=mask, token_type_ids=types).logits
+        return out
+
+    model, m, tok = load_electra(resolve_source(checkpoint))
+    source = f"{disc_dir}{f' + {gen_dir}' if gen_dir else ''} via transformers"
+    return verify_import(reference, checkpoint, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
+                         source=source, ours=electra_forward(model), vocab_size=tok.vocab_size,
+                         max_positions=m.max_position_embeddings)
+
+
+def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) -> dict:
+    """``export hf`` of an ELECTRA checkpoint: ``out/discriminator`` + ``out/generator``."""
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    from bio_megatron.config.pretrain import electra_shapes
+    from bio_megatron.export.hf import EXPORT_COMMAND, EXPORT_DTYPES, _save_tokenizer
+    from bio_megatron.vocab.bpe import BPETokenizer
+
+    model, m, tok = load_electra(src)
+    if isinstance(tok, BPETokenizer):
+        raise CheckpointError(f"{src.path}: a byte-level BPE vocabulary; Hugging Face's ELECTRA classes tokenize "
+                              "with WordPiece (ElectraTokenizer), so this checkpoint has no ELECTRA export")
+    sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
+    disc_sd, gen_sd = electra_mcore_to_hf(sd, m.shape(), electra_shapes(m), tok.vocab_size)
+    disc_cfg, gen_cfg = electra_configs(m.shape(), electra_shapes(m), tok.vocab_size, m.max_position_embeddings,
+                                        m.num_tokentypes, m.layernorm_epsilon)
+    models = {"discriminator": ElectraForPreTraining(disc_cfg), "generator": ElectraForMaskedLM(gen_cfg)}
+    for name, state in (("discriminator", disc_sd), ("generator", gen_sd)):
+        missing, unexpected = models[name].load_state_dict(state, strict=False)
+        missing = [k for k in missing if k != "generator_lm_head.weight"]  # tied to the word embeddings
+        if missing or unexpected:
+            raise CheckpointError(f"conversion incomplete for the ELECTRA {name}: missing {missing[:5]}, "
+                                  f"unexpected {unexpected[:5]}")
+        models[name].to(EXPORT_DTYPES[dtype])
+    with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
+        tmp.mkdir()
+        for name, hf in models.items():
+            hf.save_pretrained(str(tmp / name), safe_serialization=True)
+            _save_tokenizer(tmp / name, src.vocab_file, tok.lowercase)
+            (tmp / name / "bio_megatron_export.json").write_text(json.dumps(
+                {"source": str(src.path), "task": None, "class": hf.config.architectures[0], "remote_code": False,
+                 "dtype": dtype}, indent=2) + "\n")
+    classes = {name: hf.config.architectures[0] for name, hf in models.items()}
+    log.info("exported ELECTRA %s -> %s/{discriminator,generator} (%s)", src.path, out, ", ".join(classes.values()))
+    return {"out": str(out), "class": classes, "task": None, "labels": None, "remote_code": False, "dtype": dtype,
+            "folders": {name: str(Path(out) / name) for name in SUBFOLDERS}}

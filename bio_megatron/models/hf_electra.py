@@ -1,0 +1,194 @@
+"""ELECTRA (megatron-core, TP1 full state) <-> Hugging Face ``ElectraForPreTraining`` (discriminator) +
+``ElectraForMaskedLM`` (generator).
+
+Both HF encoders are post-LN BERT under other names (``electra.`` for ``bert.``), so the per-layer mapping is
+:mod:`bio_megatron.models.hf_convert`'s. What is ELECTRA's own:
+
+- one embedding (word, position, token type, LayerNorm) shared by both networks, as the paper trains it: HF keeps
+  two copies (``electra.embeddings.*`` in each folder), which must be equal on import and are written twice on
+  export;
+- the generator is narrower (hidden G < H) and reads the embedding through ``electra.embeddings_project``
+  (E -> G; absent when G == E); its MLM head is ``generator_predictions.{dense,LayerNorm}`` (G -> E) and
+  ``generator_lm_head`` (tied to the word embeddings; its bias);
+- the discriminator's head is ``discriminator_predictions.{dense,dense_prediction}`` (H -> H -> 1, GELU).
+
+This module imports neither transformers nor megatron at import time: ``tasks.model.resolve_source`` reads HF
+folders with :func:`electra_problems`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bio_megatron.config.sizes import ModelShape
+from bio_megatron.models.hf_convert import _untf  # TF-converted LayerNorm gamma/beta, as for BERT
+from bio_megatron.utils.errors import CheckpointError
+
+MODEL_TYPE = "electra"
+DISCRIMINATOR_CLASSES = ("ElectraForPreTraining", "ElectraModel")
+GENERATOR_CLASS = "ElectraForMaskedLM"
+_SHARED = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
+           "LayerNorm.weight", "LayerNorm.bias")
+# (ours, HF's) outside the encoders; generator entries are relative to ``generator.``.
+_DISC_HEAD = (("discriminator_head.dense", "discriminator_predictions.dense"),
+              ("discriminator_head.dense_prediction", "discriminator_predictions.dense_prediction"))
+_GEN_HEAD = (("embeddings_project", "electra.embeddings_project"), ("lm_head.dense", "generator_predictions.dense"),
+             ("lm_head.layer_norm", "generator_predictions.LayerNorm"))
+
+
+def electra_problems(cfg: dict) -> list[str]:
+    """What an HF ELECTRA discriminator ``config.json`` has that the shared-embedding model cannot hold
+    (``hf_shape`` adds them to its own checks: activation, positions, decoder)."""
+    problems = []
+    emb, hidden = cfg.get("embedding_size", cfg.get("hidden_size")), cfg.get("hidden_size")
+    if emb != hidden:  # ELECTRA-small: a projected embedding in the discriminator too
+        problems.append(f"embedding_size ({emb}) != hidden_size ({hidden}): the discriminator must read the shared "
+                        "embedding directly (ELECTRA-small style projected embeddings are not supported)")
+    arch = (cfg.get("architectures") or ["ElectraModel"])[0]
+    if arch == GENERATOR_CLASS:
+        problems.append(f"architectures [{arch!r}] is an ELECTRA generator: pass it with --generator and the "
+                        "discriminator with --model (fine-tuning starts from the discriminator)")
+    elif arch not in DISCRIMINATOR_CLASSES:
+        problems.append(f"architectures [{arch!r}] (ELECTRA imports as {' / '.join(DISCRIMINATOR_CLASSES)}, the "
+                        "discriminator)")
+    return problems
+
+
+def generator_problems(gen: dict, disc: dict, expected: ModelShape) -> list[str]:
+    """Why an HF generator ``config.json`` does not fit beside ``disc`` in one model whose generator has the
+    ``expected`` shape (derived from the fraction G/H the way the model derives it)."""
+    problems = []
+    arch = (gen.get("architectures") or [GENERATOR_CLASS])[0]
+    if gen.get("model_type") != MODEL_TYPE or arch != GENERATOR_CLASS:
+        problems.append(f"model_type {gen.get('model_type')!r} / architectures [{arch!r}], expected "
+                        f"{MODEL_TYPE!r} / {GENERATOR_CLASS!r}")
+    for key, want in (("hidden_act", "gelu"), ("position_embedding_type", "absolute")):
+        if gen.get(key, want) != want:
+            problems.append(f"{key} {gen[key]!r} (only {want!r} is supported)")
+    for key in ("is_decoder", "add_cross_attention"):
+        if gen.get(key):
+            problems.append(f"{key} true (an encoder is expected)")
+    if gen.get("embedding_size", gen.get("hidden_size")) != disc["hidden_size"]:
+        problems.append(f"embedding_size ({gen.get('embedding_size')}) != the discriminator's hidden_size "
+                        f"({disc['hidden_size']}): the embedding must be the shared one")
+    for key in ("vocab_size", "max_position_embeddings", "type_vocab_size"):
+        if gen.get(key) != disc.get(key):
+            problems.append(f"{key} {gen.get(key)!r} != the discriminator's {disc.get(key)!r}")
+    if gen.get("layer_norm_eps", 1e-12) != disc.get("layer_norm_eps", 1e-12):
+        problems.append(f"layer_norm_eps {gen.get('layer_norm_eps', 1e-12)!r} != the discriminator's "
+                        f"{disc.get('layer_norm_eps', 1e-12)!r} (one epsilon for the whole model)")
+    got = (gen.get("num_hidden_layers"), gen.get("hidden_size"), gen.get("num_attention_heads"),
+           gen.get("intermediate_size"))
+    want = (expected.num_layers, expected.hidden_size, expected.num_attention_heads, expected.ffn_hidden_size)
+    if got != want:
+        problems.append(f"(layers, hidden, heads, ffn) {got} != {want}, what the model builds for "
+                        f"generator_hidden_fraction {gen.get('hidden_size')}/{disc['hidden_size']}")
+    return problems
+
+
+def check_shared_embeddings(disc: dict[str, torch.Tensor], gen: dict[str, torch.Tensor], where: str) -> None:
+    """The generator's embedding tensors must be the discriminator's (ELECTRA ties them): CheckpointError
+    naming the first tensor that differs and by how much."""
+    for name in _SHARED:
+        a, b = disc.get(f"bert.embeddings.{name}"), gen.get(f"bert.embeddings.{name}")
+        if a is None or b is None:
+            raise CheckpointError(f"{where}: embeddings.{name} is missing")
+        if a.shape != b.shape or not torch.equal(a, b):
+            if a.shape != b.shape:
+                diff = f"shape {tuple(b.shape)} vs {tuple(a.shape)}"
+            else:
+                diff = f"max abs difference {float((a.float() - b.float()).abs().max()):.3g}"
+            raise CheckpointError(f"{where}: the generator's embeddings.{name} differs from the discriminator's "
+                                  f"({diff}); ELECTRA shares one embedding, the model cannot hold two")
+
+
+def electra_to_bert(hsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An HF ELECTRA state's encoder under ``BertModel``'s names with the ``bert.`` prefix (heads and the
+    generator's ``embeddings_project`` dropped): what :func:`hf_convert.hf_to_mcore` reads."""
+    out = {}
+    for k, v in hsd.items():
+        if k.startswith(("discriminator_predictions.", "generator_predictions.", "generator_lm_head.")):
+            continue
+        k = _untf(k[len("electra."):] if k.startswith("electra.") else k)  # a bare ElectraModel has no prefix
+        if k.startswith(("embeddings.", "encoder.")):
+            out["bert." + k] = v
+    return out
+
+
+def _pad(t: torch.Tensor, rows: int) -> torch.Tensor:
+    extra = rows - t.shape[0]
+    return torch.cat([t, t.new_zeros((extra,) + tuple(t.shape[1:]))]) if extra > 0 else t
+
+
+def electra_hf_to_mcore(disc: dict[str, torch.Tensor], gen: dict[str, torch.Tensor] | None, shape: ModelShape,
+                        gen_shape: ModelShape, padded_vocab: int, where: str) -> dict[str, torch.Tensor]:
+    """HF discriminator (+ generator) states -> our full TP1 ELECTRA state. Without ``gen`` only the shared
+    embedding, the discriminator and its head are returned (the caller keeps a fresh generator)."""
+    from bio_megatron.models.hf_convert import hf_to_mcore
+
+    disc = {_untf(k): v for k, v in disc.items()}
+    gen = None if gen is None else {_untf(k): v for k, v in gen.items()}
+    full = hf_to_mcore(electra_to_bert(disc), shape, padded_vocab, binary_head=False)
+    for ours, theirs in _DISC_HEAD:
+        for p in ("weight", "bias"):
+            if f"{theirs}.{p}" in disc:  # a bare ElectraModel has no head
+                full[f"{ours}.{p}"] = disc[f"{theirs}.{p}"].detach().clone()
+    if gen is None:
+        return full
+    check_shared_embeddings(electra_to_bert(disc), electra_to_bert(gen), where)
+    word = gen["electra.embeddings.word_embeddings.weight"]
+    tied = gen.get("generator_lm_head.weight")
+    if tied is not None and not torch.equal(tied, word):
+        raise CheckpointError(f"{where}: generator_lm_head.weight differs from the word embeddings (untied output "
+                              "embeddings): not supported, the model ties them")
+    enc = hf_to_mcore(electra_to_bert(gen), gen_shape, padded_vocab, binary_head=False)
+    full.update({f"generator.{k}": v for k, v in enc.items() if k.startswith("encoder.")})
+    for ours, theirs in _GEN_HEAD:
+        for p in ("weight", "bias"):
+            if f"{theirs}.{p}" in gen:  # embeddings_project only when G != E
+                full[f"generator.{ours}.{p}"] = gen[f"{theirs}.{p}"].detach().clone()
+    full["generator.output_layer.bias"] = _pad(gen["generator_lm_head.bias"], padded_vocab).detach().clone()
+    return full
+
+
+def electra_mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, gen_shape: ModelShape,
+                        vocab_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Our full TP1 ELECTRA state -> (``ElectraForPreTraining`` state, ``ElectraForMaskedLM`` state), the
+    vocabulary padding trimmed; the generator's ``generator_lm_head.weight`` is left to the tie."""
+    from bio_megatron.models.hf_convert import mcore_to_hf
+
+    def electra(hsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {"electra." + k[len("bert."):]: v for k, v in hsd.items()}
+
+    shared = {k: v for k, v in sd.items() if k.startswith("embedding.")}
+    disc = electra(mcore_to_hf({**shared, **{k: v for k, v in sd.items() if k.startswith("encoder.")}}, shape,
+                               vocab_size, binary_head=False))
+    gen = electra(mcore_to_hf({**shared, **{k[len("generator."):]: v for k, v in sd.items()
+                                            if k.startswith("generator.encoder.")}}, gen_shape, vocab_size,
+                              binary_head=False))
+    for ours, theirs in _DISC_HEAD:
+        disc.update({f"{theirs}.{p}": sd[f"{ours}.{p}"].detach().clone() for p in ("weight", "bias")})
+    for ours, theirs in _GEN_HEAD:
+        gen.update({f"{theirs}.{p}": sd[f"generator.{ours}.{p}"].detach().clone() for p in ("weight", "bias")
+                    if f"generator.{ours}.{p}" in sd})
+    gen["generator_lm_head.bias"] = sd["generator.output_layer.bias"][:vocab_size].detach().clone()
+    return disc, gen
+
+
+def electra_configs(shape: ModelShape, gen_shape: ModelShape, vocab_size: int, max_position_embeddings: int,
+                    num_tokentypes: int, layernorm_epsilon: float):
+    """(discriminator ``ElectraConfig`` for ``ElectraForPreTraining``, generator one for ``ElectraForMaskedLM``):
+    embedding_size = H in both, exact GELU, absolute positions."""
+    from transformers import ElectraConfig
+
+    common = dict(vocab_size=vocab_size, embedding_size=shape.hidden_size, hidden_act="gelu",
+                  hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+                  max_position_embeddings=max_position_embeddings, type_vocab_size=num_tokentypes,
+                  layer_norm_eps=layernorm_epsilon, position_embedding_type="absolute", tie_word_embeddings=True)
+
+    def cfg(s: ModelShape, arch: str):
+        return ElectraConfig(hidden_size=s.hidden_size, num_hidden_layers=s.num_layers,
+                             num_attention_heads=s.num_attention_heads, intermediate_size=s.ffn_hidden_size,
+                             architectures=[arch], **common)
+
+    return cfg(shape, DISCRIMINATOR_CLASSES[0]), cfg(gen_shape, GENERATOR_CLASS)
