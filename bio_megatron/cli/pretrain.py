@@ -16,12 +16,17 @@ EXIT_CODES = ("exit codes: 0 finished, or interrupted by SIGTERM/SIGUSR1 after s
               '"failed"; checkpoints/latest is the last finite checkpoint)')
 
 
+def yaml_name(p: Path) -> str:
+    """``x`` -> ``x.yaml``; a name already ending in .yaml/.yml is kept (``biomegatron_1.2b`` is not ``.2b``)."""
+    return p.name if p.suffix in (".yaml", ".yml") else f"{p}.yaml"
+
+
 def find_recipe(path: str) -> Path:
     """A recipe path as given, else relative to the project checkout (``nemo_configs/...``)."""
     p = Path(path)
     if p.exists() or p.is_absolute():
         return p
-    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / "pretrain" / (p.name if p.suffix else f"{p}.yaml")):
+    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / "pretrain" / yaml_name(p)):
         if candidate.exists():
             return candidate
     return p
@@ -56,7 +61,7 @@ def run_pretrain(args: argparse.Namespace) -> int:
     if args.dry_run:
         from bio_megatron.config.loader import to_dict
         from bio_megatron.config.sizes import padded_vocab_size, parameter_count
-        from bio_megatron.data.pretrain import resolve_vocab
+        from bio_megatron.vocab.builtin import resolve_vocab
         from bio_megatron.vocab.bpe import BPETokenizer, is_bpe
         from bio_megatron.vocab.wordpiece import read_vocab
 
@@ -65,8 +70,13 @@ def run_pretrain(args: argparse.Namespace) -> int:
         padded = padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size)
         n = parameter_count(cfg.model.shape(), padded, cfg.model.max_position_embeddings, cfg.model.num_tokentypes,
                             cfg.model.bert_binary_head)
+        extra = {}
+        if cfg.model.objective == "electra":  # generator + discriminator, the shared embedding counted once
+            from bio_megatron.config.pretrain import electra_parameter_count, electra_shapes
+
+            n, extra = electra_parameter_count(cfg.model, padded), {"generator": electra_shapes(cfg.model).__dict__}
         print(json.dumps({"config": to_dict(cfg), "vocab_size": vocab, "padded_vocab_size": padded,
-                          "parameters": n, "shape_status": cfg.model.shape().status}, indent=2))
+                          "parameters": n, "shape_status": cfg.model.shape().status, **extra}, indent=2))
         return 0
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.training.pretrain import run_pretraining

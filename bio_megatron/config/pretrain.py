@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
-from bio_megatron.config.sizes import SIZES, ModelShape
+from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
 from bio_megatron.utils.errors import ConfigError
 
 
@@ -132,10 +132,17 @@ class ModelConfig:
     micro_batch_size: int = 8
     global_batch_size: int = 256
     bert_binary_head: bool = False
-    objective: Literal["bert", "mlm"] = "bert"
+    objective: Literal["bert", "mlm", "electra"] = "bert"
     """Pretraining objective. bert: megatron-core's BERT dataset (masked LM, plus NSP when bert_binary_head).
     mlm: RoBERTa / bio-lm (``bio_megatron/data/roberta.py``): masked LM only with dynamic masking, sequences
-    packed from consecutive full sentences across documents; any vocabulary, byte-level BPE included."""
+    packed from consecutive full sentences across documents; any vocabulary, byte-level BPE included.
+    electra: ELECTRA's replaced-token detection (``bio_megatron/models/electra.py``) on the bert dataset
+    without NSP: a small generator fills the masked positions, the post-LN discriminator spots them."""
+    generator_hidden_fraction: float = 1 / 3
+    """objective electra: generator hidden size / hidden_size (ELECTRA-base 1/3, ELECTRA-large 1/4); the
+    generator has the discriminator's depth, FFN 4x its width and heads of width min(64, the discriminator's)."""
+    discriminator_loss_weight: float = 50.0
+    """objective electra: loss = generator MLM loss + this x discriminator loss (ELECTRA's lambda)."""
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-12
@@ -161,6 +168,9 @@ class ModelConfig:
     """fp16 only: the loss scale is never halved below this (megatron-core's ``min_loss_scale``)."""
     restore_from_path: str | None = None
     """Start a new run from this checkpoint's model weights only (continued pretraining)."""
+    require_restore_from_path: str | None = None
+    """A recipe that only makes sense from existing weights names the reason here; ``restore_from_path``
+    is then required, and its absence is a configuration error quoting the reason."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -196,12 +206,16 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
     problems += encoder_problems(cfg.model, cfg.trainer, world_size)
     problems += objective_problems(cfg.model)
+    if cfg.model.require_restore_from_path and not cfg.model.restore_from_path:
+        problems.append(f"model.restore_from_path is required by this recipe: {cfg.model.require_restore_from_path}")
     if problems:
         raise ConfigError(problems)
 
 
 def objective_problems(m: ModelConfig) -> list[str]:
-    """What ``model.objective: mlm`` (RoBERTa's dataset) cannot do."""
+    """What ``model.objective: mlm`` (RoBERTa's dataset) and ``electra`` cannot do."""
+    if m.objective == "electra":
+        return electra_problems(m)
     if m.objective != "mlm":
         return []
     problems = []
@@ -214,6 +228,62 @@ def objective_problems(m: ModelConfig) -> list[str]:
     if len(prefixes) > 1:
         problems.append(f"model.objective (mlm) reads one data prefix, not a blend of {len(prefixes)} "
                         f"({', '.join(prefixes)}): concatenate the corpora when tokenizing")
+    return problems
+
+
+def electra_shapes(m: ModelConfig) -> ModelShape:
+    """The ELECTRA generator's shape (Clark et al. 2020): the discriminator's depth, hidden size
+    ``round(generator_hidden_fraction x hidden_size)``, FFN 4x that, and heads of width 64 as ELECTRA
+    (``max(1, G // 64)``), narrower only when the discriminator's heads are (tiny test sizes), so that a tiny
+    generator still has several heads to split across tensor-parallel ranks."""
+    s = m.shape()
+    g = max(1, round(s.hidden_size * m.generator_hidden_fraction))
+    head_dim = min(64, max(1, s.hidden_size // max(1, s.num_attention_heads)))
+    return ModelShape(num_layers=s.num_layers, hidden_size=g, num_attention_heads=max(1, g // head_dim),
+                      ffn_hidden_size=4 * g, status=s.status)
+
+
+def electra_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
+    """Exact parameter count of :class:`bio_megatron.models.electra.ElectraModel` (the shared embedding once):
+    the post-LN BERT count with a 1-logit head instead of the LM head, plus the generator."""
+    d, g = m.shape(), electra_shapes(m)
+    h, gh = d.hidden_size, g.hidden_size
+    # post-LN BERT (embedding LN instead of the final LN: the same count) minus its LM head plus ELECTRA's head
+    discriminator = parameter_count(d, padded_vocab, m.max_position_embeddings, m.num_tokentypes) \
+        - (h * h + 3 * h + padded_vocab) + (h * h + h + h + 1)
+    layers = parameter_count(g, 0, 0, 0) - (2 * gh + gh * gh + 3 * gh)  # without final LN and LM head
+    project = h * gh + gh if gh != h else 0
+    lm_head = gh * h + h + 2 * h + padded_vocab  # dense, LayerNorm, output bias (weight tied)
+    return discriminator + layers + project + lm_head
+
+
+def electra_problems(m: ModelConfig) -> list[str]:
+    """What ``model.objective: electra`` needs (checked once the encoder itself is valid)."""
+    problems = []
+    if m.bert_binary_head:
+        problems.append("model.objective (electra) has no next-sentence task: set model.bert_binary_head=false")
+    if m.pipeline_model_parallel_size != 1:
+        problems.append(f"model.objective (electra) needs model.pipeline_model_parallel_size=1 (got "
+                        f"{m.pipeline_model_parallel_size}): the discriminator's input is the generator's sampled "
+                        "output, which megatron-core's pipeline schedules cannot send back to the first stage")
+    if m.transformer_block_type != "post_ln":
+        problems.append(f"model.objective (electra) trains the original post-LN BERT: set "
+                        f"model.transformer_block_type=post_ln (got {m.transformer_block_type})")
+    if _outside(m.generator_hidden_fraction, 0.0, 1.0, lo_open=True, hi_open=False):
+        problems.append(f"model.generator_hidden_fraction ({m.generator_hidden_fraction}) must be in (0, 1]")
+    if _outside(m.discriminator_loss_weight, 0.0, lo_open=True):
+        problems.append(f"model.discriminator_loss_weight ({m.discriminator_loss_weight}) must be a finite "
+                        "number > 0")
+    if problems or m.size not in SIZES:
+        return problems
+    g, tp = electra_shapes(m), m.tensor_model_parallel_size
+    if g.hidden_size % g.num_attention_heads:
+        problems.append(f"generator hidden size ({g.hidden_size} = model.generator_hidden_fraction "
+                        f"{m.generator_hidden_fraction} x {m.shape().hidden_size}) must be divisible by its "
+                        f"{g.num_attention_heads} heads")
+    if tp >= 1 and g.num_attention_heads % tp:
+        problems.append(f"generator heads ({g.num_attention_heads}, hidden {g.hidden_size}) must be divisible by "
+                        f"tensor_model_parallel_size ({tp}): raise model.generator_hidden_fraction")
     return problems
 
 

@@ -12,11 +12,12 @@ word's first sub-token (:func:`word_predictions`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+# The IOB format itself is read one layer down (vocab statistics read it too); these names stay importable here.
+from bio_megatron.corpus.iob import Sentence, check_tag, read_iob, write_iob  # noqa: F401
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.log import get_logger
@@ -24,62 +25,6 @@ from bio_megatron.utils.log import get_logger
 log = get_logger(__name__)
 
 IGNORE_INDEX = -100  # torch.nn.CrossEntropyLoss's default ignore_index
-_TAG_RE = re.compile(r"^(O|[BIES](-\S+)?)$")
-
-
-@dataclass
-class Sentence:
-    """One sentence: words and their word-level tags (same length)."""
-
-    words: list[str]
-    tags: list[str]
-
-
-def _check_tag(tag: str, path: str | None, line: int | None, labels: set[str] | None) -> None:
-    if labels is not None:
-        if tag not in labels:
-            raise DataError(f"unknown tag {tag!r}; known tags: {sorted(labels)}", path, line)
-    elif not _TAG_RE.match(tag):
-        raise DataError(f"unknown tag {tag!r}; expected O, B-<type> or I-<type> (IOB2)", path, line)
-
-
-def read_iob(path: str | Path, labels: Iterable[str] | None = None) -> list[Sentence]:
-    """Read an IOB file: ``token<TAB>tag`` per line, blank line between sentences.
-
-    ``labels`` restricts the allowed tags (e.g. a saved label map); otherwise any IOB/IOBES-shaped tag
-    is accepted. Wrong field counts and unknown tags raise :class:`DataError` with the line number.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("IOB file not found (expected 'token<TAB>tag' lines)", str(path))
-    allowed = set(labels) if labels is not None else None
-    sentences, words, tags = [], [], []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, 1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                if words:
-                    sentences.append(Sentence(words, tags))
-                words, tags = [], []
-                continue
-            fields = line.split("\t")
-            if len(fields) != 2 or not fields[0]:
-                raise DataError(f"expected 'token<TAB>tag', got {len(fields)} tab-separated field(s): {line!r}",
-                                str(path), lineno)
-            _check_tag(fields[1], str(path), lineno, allowed)
-            words.append(fields[0])
-            tags.append(fields[1])
-    if words:
-        sentences.append(Sentence(words, tags))
-    return sentences
-
-
-def write_iob(path: str | Path, sentences: Sequence[Sentence]) -> None:
-    """Write sentences as ``token<TAB>tag`` lines with a blank line after each sentence (atomically)."""
-    with atomic_open(path, "w", encoding="utf-8") as fh:
-        for s in sentences:
-            fh.writelines(f"{w}\t{t}\n" for w, t in zip(s.words, s.tags))
-            fh.write("\n")
 
 
 def read_nemo(text_path: str | Path, labels_path: str | Path,
@@ -102,7 +47,7 @@ def read_nemo(text_path: str | Path, labels_path: str | Path,
             raise DataError(f"{len(words)} words but {len(tags)} labels on this line of {labels_path}",
                             str(text_path), lineno)
         for t in tags:
-            _check_tag(t, str(labels_path), lineno, allowed)
+            check_tag(t, str(labels_path), lineno, allowed)
         if words:
             sentences.append(Sentence(words, tags))
     return sentences
@@ -200,14 +145,14 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer, label_map: dict[s
                      ignore_start_end: bool = True) -> list[NerFeature]:
     """Tokenize words into sub-tokens and align labels under the chosen scheme.
 
-    ``tokenizer`` is a :class:`bio_megatron.vocab.wordpiece.WordPieceTokenizer`. Sequences longer than
-    ``max_seq_length`` (with [CLS]/[SEP]) are truncated; words cut off get no prediction position and
-    :func:`word_predictions` fills them with the pad label.
+    ``tokenizer`` is what :func:`bio_megatron.vocab.bpe.load_tokenizer` returns: WordPiece, or byte-level BPE,
+    whose words each get their leading-space form as ``RobertaTokenizerFast(add_prefix_space=True)`` gives them
+    (``<s>``/``</s>`` then play [CLS]/[SEP]). Sequences longer than ``max_seq_length`` (with [CLS]/[SEP]) are
+    truncated; words cut off get no prediction position and :func:`word_predictions` fills them with the pad label.
     """
     if max_seq_length < 3:
         raise DataError(f"max_seq_length ({max_seq_length}) must leave room for [CLS], [SEP] and a token")
-    encodings = tokenizer.backend.encode_batch([s.words for s in sentences], is_pretokenized=True,
-                                               add_special_tokens=False)
+    encodings = tokenizer.encode_words([s.words for s in sentences])
     features, truncated = [], 0
     for i, (s, enc) in enumerate(zip(sentences, encodings)):
         try:
@@ -216,7 +161,7 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer, label_map: dict[s
             raise DataError(f"sentence {i}: tag {exc.args[0]!r} is not in the label map {sorted(label_map)}") from None
         ids, wids = enc.ids[: max_seq_length - 2], enc.word_ids[: max_seq_length - 2]
         truncated += len(enc.ids) > len(ids)
-        input_ids = [tokenizer.cls] + ids + [tokenizer.sep]
+        input_ids = tokenizer.single(ids)
         word_ids = [None] + list(wids) + [None]
         labels, loss_mask, sub_mask = [], [], []
         prev = None
@@ -242,7 +187,8 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer, label_map: dict[s
 def word_predictions(token_predictions: Sequence[int], feature: NerFeature, pad_id: int = 0) -> list[int]:
     """Per-word label ids from per-position predictions, read at each word's first sub-token.
 
-    Words without a sub-token position (cut by truncation, or empty after normalisation) get ``pad_id``.
+    Words without a sub-token position (cut by truncation, or empty after normalisation) get ``pad_id``: a
+    *label* id, the pad label's (0 in NeMo's label map), not the tokenizer's pad token (1 for RoBERTa).
     """
     out = [pad_id] * feature.num_words
     seen = set()

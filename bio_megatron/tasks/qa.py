@@ -14,6 +14,7 @@ from bio_megatron.evaluation.squad import evaluate as squad_evaluate
 from bio_megatron.tasks.heads import spanning_loss
 from bio_megatron.tasks.qa_data import (QAExample, QAFeature, build_features, load_json, postprocess,
                                         read_bioasq_golden, read_squad)
+from bio_megatron.tasks.qa_holdout import golden_from_answers, held_out_ids
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -24,6 +25,7 @@ class QaSplit:
     examples: list[QAExample]
     features: list[QAFeature]
     dataset: dict            # the SQuAD JSON, restricted to the examples used
+    golden: dict | None = None  # BioASQ golden of a dev split carved from train (else bioasq_golden, read late)
 
 
 def _restrict(dataset: dict, qids: set[str]) -> dict:
@@ -43,12 +45,25 @@ class QaTask:
         self.d = cfg.model.dataset
         self.tokenizer = tokenizer
         self.metric = "mrr" if self.d.bioasq_golden else "f1"
-        self.train = self._split(self.d.train_file, self.d.max_train_examples, training=True)
+        held_out: set[str] = set()
+        if self.d.dev_holdout_fraction:  # dev carved from train by question: selection never sees test
+            path = Path(self.d.data_dir) / self.d.train_file
+            examples = read_squad(path)
+            held_out = held_out_ids(examples, self.d.dev_holdout_fraction, str(path))
+            log.info("%s: %d of %d examples held out as the dev split (model.dataset.dev_holdout_fraction=%s)",
+                     path, len(held_out), len(examples), self.d.dev_holdout_fraction)
+        self.train = self._split(self.d.train_file, self.d.max_train_examples, training=True,
+                                 keep=lambda qid: qid not in held_out)
         self.splits = {"train": self.train}
+        if held_out:
+            dev = self._split(self.d.train_file, self.d.max_eval_examples, training=False, keep=held_out.__contains__)
+            dev.golden = golden_from_answers(dev.examples) if self.d.bioasq_golden else None
+            self.splits["dev"] = dev
 
-    def _split(self, name: str, limit: int | None, training: bool) -> QaSplit:
+    def _split(self, name: str, limit: int | None, training: bool, keep=None) -> QaSplit:
         path = Path(self.d.data_dir) / name
-        examples = read_squad(path)[:limit]
+        examples = read_squad(path)
+        examples = [e for e in examples if keep(e.qid)][:limit] if keep is not None else examples[:limit]
         if not self.d.version_2_with_negative:
             # SQuAD v1.1 semantics: every question has an answer (its official scorer cannot score others)
             kept = [e for e in examples if e.answers and not e.is_impossible]
@@ -74,7 +89,7 @@ class QaTask:
         return len(split.features[i].input_ids)
 
     def collate(self, split: QaSplit, indices: list[int], seq_len: int) -> dict[str, torch.Tensor]:
-        ids = torch.zeros(len(indices), seq_len, dtype=torch.long)
+        ids = torch.full((len(indices), seq_len), self.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
         types, mask = torch.zeros_like(ids), torch.zeros_like(ids)
         for r, i in enumerate(indices):
             f = split.features[max(i, 0)]
@@ -102,7 +117,7 @@ class QaTask:
     def score(self, split: QaSplit, outputs: list) -> dict:
         predictions, nbest, _ = self.answers(split, outputs)
         if self.d.bioasq_golden:
-            golden = read_bioasq_golden(self.d.bioasq_golden)
+            golden = split.golden if split.golden is not None else read_bioasq_golden(self.d.bioasq_golden)
             return factoid_scores(golden, submission_answers(build_submission(nbest)))
         version = "2.0" if self.d.version_2_with_negative else "1.1"
         scores = squad_evaluate(split.dataset, predictions, version)

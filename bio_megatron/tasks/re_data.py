@@ -5,7 +5,11 @@
 * Original BioCreative VI (``*_abstracts.tsv``, ``*_entities.tsv``, ``*_gold_standard.tsv``): every
   chemical-gene pair inside one sentence becomes an example, labelled with its gold CPR class or
   ``false`` (the negatives), the chemical replaced by ``@CHEMICAL$`` and the gene by ``@GENE$`` as in
-  BLUE. Sentences come from a light rule-based splitter that never splits inside an entity.
+  BLUE (``ncbi-nlp/BLUE_Benchmark`` ``blue/bert/create_chemprot_bert.py``); overlapping mentions become
+  one ``@CHEM-GENE$`` and a pair with several gold classes one example per class, as there. Sentences
+  come from :func:`chemprot_sentences`, a rule-based splitter that ends a sentence where BLUE's can
+  (spaCy, then merged unless a sentence ends in . ! ? and the next starts upper-case) and never inside an
+  entity. Counts against BLUE's script: docs/FINETUNE.md.
 * NeMo text classification tsv: ``sentence<TAB>int_label`` with ids from ``CHEMPROT_LABELS``.
 """
 
@@ -31,6 +35,7 @@ FINE_TO_CPR = {
     "SUBSTRATE": "CPR:9", "PRODUCT-OF": "CPR:9", "SUBSTRATE_PRODUCT-OF": "CPR:9",
 }
 CHEMICAL_MASK, GENE_MASK = "@CHEMICAL$", "@GENE$"
+OVERLAP_MASK = "@CHEM-GENE$"  # BLUE's single mask for a chemical and a gene whose mentions overlap
 
 
 @dataclass
@@ -75,13 +80,21 @@ _ABBREV = re.compile(r"(?:\b(?:e\.g|i\.e|vs|al|Fig|Figs|approx|ca|cf|Dr|No|Eq|re
 _BOUNDARY = re.compile(r"[.!?]\s+(?=[A-Z0-9(\[])")
 
 
-def split_sentences(text: str, protected: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
-    """Character spans of sentences: break after . ! ? followed by space and a capital/digit/bracket,
-    except after common abbreviations or inside a ``protected`` span (an entity mention)."""
+# BLUE keeps a boundary only where the next sentence starts with an upper-case letter (a digit or a bracket
+# continues the sentence), and its spaCy tokenizer leaves a full stop attached to a token that ends in one
+# capital after a lower-case letter or digit (nAChR., SCN5A., CYP2D., PI3K.): no sentence can end there.
+_CHEMPROT_BOUNDARY = re.compile(r"[.!?]\s+(?=[A-Z])")
+_SYMBOL_STOP = re.compile(r"[a-z0-9][A-Z]\.$")
+
+
+def _split(text: str, protected: Sequence[tuple[int, int]], boundary: re.Pattern,
+           symbol_stop: bool) -> list[tuple[int, int]]:
     spans, start = [], 0
-    for m in _BOUNDARY.finditer(text):
+    for m in boundary.finditer(text):
         cut = m.start() + 1
         if _ABBREV.search(text[max(start, cut - 8):cut]):
+            continue
+        if symbol_stop and _SYMBOL_STOP.search(text[max(start, cut - 3):cut]):
             continue
         if any(s < cut < e for s, e in protected):
             continue
@@ -89,6 +102,19 @@ def split_sentences(text: str, protected: Sequence[tuple[int, int]] = ()) -> lis
         start = m.end()
     spans.append((start, len(text)))
     return spans
+
+
+def split_sentences(text: str, protected: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """Character spans of sentences: break after . ! ? followed by space and a capital/digit/bracket,
+    except after common abbreviations or inside a ``protected`` span (an entity mention)."""
+    return _split(text, protected, _BOUNDARY, symbol_stop=False)
+
+
+def chemprot_sentences(text: str, protected: Sequence[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """Sentence spans for ChemProt pairs, ending sentences only where BLUE's splitter can: after . ! ?
+    followed by space and an upper-case letter, not after an abbreviation or a symbol such as ``SCN5A.``,
+    never inside a ``protected`` span (an entity mention; BLUE loses such an entity, we keep it whole)."""
+    return _split(text, protected, _CHEMPROT_BOUNDARY, symbol_stop=True)
 
 
 def _read_split_dir(directory: Path) -> tuple[Path, Path, Path]:
@@ -104,8 +130,9 @@ def _read_split_dir(directory: Path) -> tuple[Path, Path, Path]:
 def read_chemprot_original(directory: str | Path) -> list[RelationExample]:
     """BLUE-style examples from one split of the original BioCreative VI ChemProt release.
 
-    Every CHEMICAL x GENE(-Y/-N) pair of non-overlapping mentions within one sentence becomes an
-    example; its label is the gold CPR class (CPR:3/4/5/6/9 from ``*_gold_standard.tsv``) or ``false``.
+    Every CHEMICAL x GENE(-Y/-N) pair within one sentence (:func:`chemprot_sentences`) becomes an example
+    per gold CPR class of the pair (CPR:3/4/5/6/9 from ``*_gold_standard.tsv``; BLUE writes a pair with two
+    classes twice), or one ``false`` example. Overlapping mentions are masked together as ``@CHEM-GENE$``.
     Gold relations whose arguments fall in different sentences cannot be expressed and are counted in
     the log.
     """
@@ -121,32 +148,34 @@ def read_chemprot_original(directory: str | Path) -> list[RelationExample]:
         if texts[pmid][s:e] != name:
             raise DataError(f"entity {tid} offsets {s}-{e} do not match its text {name!r}", str(entities_path), lineno)
         entities.setdefault(pmid, {})[tid] = (etype, s, e)
-    gold: dict[tuple[str, str, str], str] = {}
+    gold: dict[tuple[str, str, str], list[str]] = {}
     for lineno, f in _read_tsv(gold_path, 4):
         pmid, label, a1, a2 = f[:4]
         if label not in POSITIVE_LABELS:
             raise DataError(f"gold-standard label {label!r} is not one of {POSITIVE_LABELS}", str(gold_path), lineno)
-        gold[(pmid, a1.removeprefix("Arg1:"), a2.removeprefix("Arg2:"))] = label
+        gold.setdefault((pmid, a1.removeprefix("Arg1:"), a2.removeprefix("Arg2:")), []).append(label)
     examples, used = [], set()
     for pmid, text in texts.items():
         ents = entities.get(pmid, {})
-        for s0, e0 in split_sentences(text, [(s, e) for _, s, e in ents.values()]):
+        for s0, e0 in chemprot_sentences(text, [(s, e) for _, s, e in ents.values()]):
             inside = {t: v for t, v in ents.items() if s0 <= v[1] and v[2] <= e0}
             chems = sorted((t for t, v in inside.items() if v[0] == "CHEMICAL"), key=lambda t: inside[t][1:])
             genes = sorted((t for t, v in inside.items() if v[0].startswith("GENE")), key=lambda t: inside[t][1:])
             for c in chems:
                 for g in genes:
                     (_, cs, ce), (_, gs, ge) = inside[c], inside[g]
-                    if cs < ge and gs < ce:  # overlapping mentions cannot both be masked
-                        continue
-                    label = gold.get((pmid, c, g), NEGATIVE_LABEL)
-                    if label != NEGATIVE_LABEL:
+                    if cs < ge and gs < ce:  # overlapping mentions: one mask over both, as BLUE
+                        sent = _mask(text, s0, e0, (min(cs, gs), max(ce, ge), OVERLAP_MASK))
+                    else:
+                        sent = _mask(text, s0, e0, (cs, ce, CHEMICAL_MASK), (gs, ge, GENE_MASK))
+                    labels = gold.get((pmid, c, g), [NEGATIVE_LABEL])
+                    if labels[0] != NEGATIVE_LABEL:
                         used.add((pmid, c, g))
-                    sent = _mask(text, s0, e0, (cs, ce, CHEMICAL_MASK), (gs, ge, GENE_MASK))
-                    examples.append(RelationExample(sent, label, f"{pmid}:{c}:{g}"))
-    lost = len(gold) - len(used)
-    log.info("%s: %d examples (%d positive, %d false); %d gold relations span sentences or overlap",
-             directory.name, len(examples), len(used), len(examples) - len(used), lost)
+                    examples.extend(RelationExample(sent, label, f"{pmid}:{c}:{g}") for label in labels)
+    positives = sum(e.label != NEGATIVE_LABEL for e in examples)
+    lost = sum(len(v) for k, v in gold.items() if k not in used)
+    log.info("%s: %d examples (%d positive, %d false); %d gold relations span sentences",
+             directory.name, len(examples), positives, len(examples) - positives, lost)
     return examples
 
 

@@ -22,9 +22,11 @@ def test_recipe_set_is_complete():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_recipe_loads_and_validates(recipe):
-    cfg = load_pretrain_config(recipe)
+    # the 1.2b recipe starts from a general-domain checkpoint (tests/config/test_paper_recipes.py checks the refusal)
+    over = ["model.restore_from_path=ckpt/general"] if "require_restore_from_path" in recipe.read_text() else []
+    cfg = load_pretrain_config(recipe, over)
     tp, pp = cfg.model.tensor_model_parallel_size, cfg.model.pipeline_model_parallel_size
-    load_pretrain_config(recipe, world_size=tp * pp * 2)  # a real layout for it validates too
+    load_pretrain_config(recipe, over, world_size=tp * pp * 2)  # a real layout for it validates too
     assert cfg.model.size in SIZES
 
 
