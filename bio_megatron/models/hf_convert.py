@@ -22,7 +22,8 @@ from bio_megatron.utils.errors import CheckpointError
 # config.json model_type -> transformer_block_type ("bio-megatron-bert": export hf's remote-code task classes)
 HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln", "roberta": "post_ln",
                   "electra": "post_ln"}  # ELECTRA: the discriminator (models/hf_electra.py)
-# RoBERTa folders import as pretraining models only: fine-tuning tokenizes with WordPiece (see roberta_to_bert).
+# RoBERTa folders import as pretraining models (fine-tuning then uses their BPE tokenizer); fine-tuned
+# RobertaFor* folders are written by export hf but not read back (their heads are not mapped on import).
 ROBERTA_CLASSES = ("RobertaModel", "RobertaForMaskedLM")
 
 _LAYER_PAIRS = {
