@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "bio_megatron.cli.vocab",
     "bio_megatron.cli.analyse",
     "bio_megatron.cli.bench",
+    "bio_megatron.cli.benchmark",
 )
 
 

@@ -1,0 +1,206 @@
+"""``results.json`` and ``results.md`` of a suite folder, rebuilt from its cells at any time.
+
+Inputs are the folder's ``manifest.json`` (suite, model, options), ``plan.json`` (every cell, with the reason
+when it is missing) and each cell's ``cell.json`` (finished) or ``error.json`` (failed). The same files always
+give byte-identical outputs. Layouts: BLURB's table (datasets grouped by task type, BLURB's metric names,
+task-type averages, the BLURB score) and the paper's Tables 1-2 (P/R/F1; SAcc/LAcc/MRR), every value on the
+0-100 scale as mean ± sample s.d. over seeds with the median.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bio_megatron.benchmark.stats import blurb_score, select_point, spread, task_type_averages
+from bio_megatron.benchmark.suites import SUITES, Dataset, Suite
+from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.io import atomic_open, load_json, write_json_atomic
+
+MANIFEST, PLAN, RESULT, ERROR = "manifest.json", "plan.json", "cell.json", "error.json"
+
+
+def collect(out: Path) -> tuple[dict, list[dict]]:
+    """(manifest, plan cells with ``status`` and, when finished, the cell record) of a suite folder."""
+    if not (out / MANIFEST).is_file() or not (out / PLAN).is_file():
+        raise ConfigError(f"{out}: not a benchmark suite folder (no {MANIFEST} / {PLAN}); run "
+                          "`bio-megatron benchmark blurb|paper --out` first")
+    manifest, plan = load_json(out / MANIFEST), load_json(out / PLAN)
+    cells = []
+    for c in plan["cells"]:
+        c = dict(c)
+        d = out / c["dir"]
+        if (d / RESULT).is_file():
+            c.update(status="finished", record=load_json(d / RESULT))
+        elif c["missing"]:
+            c["status"] = "missing"
+        elif (d / ERROR).is_file():
+            c.update(status="failed", error=load_json(d / ERROR).get("message", ""))
+        else:
+            c["status"] = "pending"
+        cells.append(c)
+    return manifest, cells
+
+
+def _dataset_summary(d: Dataset, cells: list[dict], seeds: int) -> dict:
+    mine = [c for c in cells if c["dataset"] == d.key]
+    row = {"key": d.key, "title": d.title, "group": d.group, "metric": d.metric, "metric_name": d.metric_name,
+           "split": d.split, "columns": [list(c) for c in d.columns] or [[d.metric, d.metric_name]]}
+    done = [c for c in mine if c["status"] == "finished"]
+    if not done:
+        missing = next((c for c in mine if c["status"] == "missing"), None)
+        failed = next((c for c in mine if c["status"] == "failed"), None)
+        row["status"] = "missing" if missing else "failed" if failed else "pending"
+        row["reason"] = (missing or {}).get("missing") or (failed or {}).get("error")
+        return row
+    dev_by_point: dict = {}
+    for c in done:
+        dev_by_point.setdefault(_point(c), []).append(c["record"]["dev_value"])
+    point, complete = select_point(dev_by_point, seeds)
+    chosen = sorted((c for c in done if _point(c) == point), key=lambda c: c["index"])
+    keys = [k for k, _ in row["columns"]] + ([d.metric] if d.metric not in dict(row["columns"]) else [])
+    row.update(status="complete" if complete else "partial", seeds=[c["seed"] for c in chosen],
+               stats={k: spread([c["record"]["scores"][k] for c in chosen]) for k in keys
+                      if all(k in c["record"]["scores"] for c in chosen)})
+    if point is not None:
+        row["selected"] = {"num_fc_layers": point[0], "fc_hidden_size": point[1], "dev_mean": sum(
+            dev_by_point[point]) / len(dev_by_point[point])}
+        row["grid"] = [{"num_fc_layers": p[0], "fc_hidden_size": p[1], "dev_mean": sum(v) / len(v), "n": len(v)}
+                       for p, v in sorted(dev_by_point.items())]
+    return row
+
+
+def _point(c: dict):
+    return tuple(c["point"]) if c.get("point") else None
+
+
+def build_results(suite: Suite, manifest: dict, cells: list[dict]) -> dict:
+    """The whole results object from the manifest and the collected cells (pure: tests feed synthetic cells)."""
+    opts = manifest["options"]
+    chosen = [d for d in suite.datasets if d.key in opts["datasets"]]
+    datasets = [_dataset_summary(d, cells, len(opts["seeds"])) if d in chosen else
+                {"key": d.key, "title": d.title, "group": d.group, "metric": d.metric, "metric_name": d.metric_name,
+                 "split": d.split, "columns": [list(c) for c in d.columns] or [[d.metric, d.metric_name]],
+                 "status": "not selected", "reason": "not in --datasets"} for d in suite.datasets]
+    counts = {s: sum(c["status"] == s for c in cells) for s in ("finished", "missing", "failed", "pending")}
+    out = {"suite": suite.name, "title": suite.title, "suite_version": suite.version, "model": manifest["model"],
+           "seeds": opts["seeds"], "grid": opts["grid"], "options": opts, "scale": "0-100",
+           "cells_total": len(cells), "cells": [_cell_row(c) for c in cells],
+           **{f"cells_{s}": n for s, n in counts.items()}, "datasets": datasets}
+    if suite.blurb_score:
+        means = {r["key"]: r["stats"][r["metric"]]["mean"] if r.get("stats", {}).get(r["metric"]) else None
+                 for r in datasets}
+        types = task_type_averages(means, {d.key: d.group for d in suite.datasets}, suite.groups)
+        full = len(chosen) == len(suite.datasets) and all(r["status"] == "complete" for r in datasets)
+        score = blurb_score(types)
+        out.update(task_types=types, blurb_score=score if full else None,
+                   blurb_score_partial=None if full else score)
+    return out
+
+
+def _cell_row(c: dict) -> dict:
+    row = {"index": c["index"], "dataset": c["dataset"], "seed": c["seed"], "grid": c.get("point"),
+           "status": c["status"], "dir": c["dir"]}
+    if c["status"] == "finished":
+        r = c["record"]
+        row.update(scores=r["scores"], dev_value=r["dev_value"], wall_seconds=r["wall_seconds"],
+                   run_dir=r["run_dir"])
+    elif c["status"] in ("missing", "failed"):
+        row["reason"] = c.get("missing") or c.get("error")
+    return row
+
+
+def _value(stats: dict | None, with_median: bool = True) -> str:
+    if not stats:
+        return ""
+    text = f"{stats['mean']:.2f} ± {stats['std']:.2f}"
+    return text + (f" (median {stats['median']:.2f})" if with_median else "")
+
+
+def _why(row: dict, limit: int = 160) -> str:
+    text = f"{row['status']}: {row.get('reason') or 'no finished cell yet'}".replace("|", "/")
+    return text if len(text) <= limit else text[:limit - 3] + "..."  # in full under "Missing and failed cells"
+
+
+def blurb_markdown(res: dict) -> str:
+    lines = _header(res) + ["| Task type | Dataset | Metric | Score (mean ± s.d.) | Median | Seeds |",
+                            "|---|---|---|---|---|---|"]
+    for t in res["task_types"]:
+        rows = [r for r in res["datasets"] if r["group"] == t["task_type"]]
+        if not rows:
+            continue
+        for i, r in enumerate(rows):
+            s = r.get("stats", {}).get(r["metric"])
+            score, median = (_value(s, False), f"{s['median']:.2f}") if s else (_why(r), "")
+            lines.append(f"| {t['task_type'] if i == 0 else ''} | {r['title']} | {r['metric_name']} | {score} | "
+                         f"{median} | {len(r.get('seeds', []))} |")
+        avg = f"**{t['average']:.2f}**" if t["average"] is not None else "n/a"
+        titles = {r["key"]: r["title"] for r in rows}
+        note = f" (without {', '.join(titles[k] for k in t['missing'])})" if t["missing"] and t["average"] is not None \
+            else ""
+        lines.append(f"| | *{t['task_type']} average*{note} | | {avg} | | |")
+    score = res["blurb_score"] if res["blurb_score"] is not None else res["blurb_score_partial"]
+    label = "BLURB score" if res["blurb_score"] is not None else "BLURB score (partial: not every dataset complete)"
+    lines.append(f"| **{label}** | | macro average of the task-type averages | "
+                 f"{f'**{score:.2f}**' if score is not None else 'n/a'} | | |")
+    return "\n".join(lines + [""] + _problems(res)).rstrip("\n") + "\n"
+
+
+def paper_markdown(res: dict) -> str:
+    lines = _header(res)
+    model = Path(res["model"]).name
+    for group in SUITES[res["suite"]].groups:
+        rows = [r for r in res["datasets"] if r["group"] == group]
+        # one table per split and column set: the reported test scores, then a prerequisite's dev scores
+        tables = dict.fromkeys((r["split"], tuple(map(tuple, r["columns"])))
+                               for r in sorted(rows, key=lambda r: r["split"] != "test"))
+        for n, (split, cols) in enumerate(tables):
+            part = [r for r in rows if (r["split"], tuple(map(tuple, r["columns"]))) == (split, cols)]
+            title = f"## {group} ({split})" if n == 0 else \
+                f"### {', '.join(r['title'] for r in part)} ({split}; the checkpoints the runs above continue from)"
+            head = ["Benchmark", "Model", *(["Head (chosen on dev)"] if res["grid"] else []), *[h for _, h in cols],
+                    "Seeds"]
+            lines += ([""] if lines[-1] else []) + [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            for r in part:
+                sel = r.get("selected")
+                grid = [f"{sel['num_fc_layers']} x {sel['fc_hidden_size']}" if sel else ""] if res["grid"] else []
+                vals = [_value(r["stats"].get(k)) for k, _ in cols] if r.get("stats") else \
+                    [_why(r)] + [""] * (len(cols) - 1)
+                lines.append("| " + " | ".join([r["title"], model, *grid, *vals, str(len(r.get("seeds", [])))]) + " |")
+    return "\n".join(lines + [""] + _problems(res)).rstrip("\n") + "\n"
+
+
+def _header(res: dict) -> list[str]:
+    o = res["options"]
+    extra = [f"--max-examples {o['max_examples']}"] if o.get("max_examples") else []
+    extra += [f"--epochs {o['epochs']}"] if o.get("epochs") else []
+    return [f"# {res['title']}: {Path(res['model']).name}", "",
+            f"Model `{res['model']}`; seeds {', '.join(map(str, res['seeds']))}"
+            + ("; head grid, the point with the best mean dev score kept" if res["grid"] else "")
+            + (f"; {' '.join(extra)} (a smoke run, not the protocol)" if extra else "")
+            + f". Scores on a 0-100 scale: mean ± sample s.d. over seeds. Cells: {res['cells_finished']} finished, "
+            f"{res['cells_missing']} missing, {res['cells_failed']} failed, {res['cells_pending']} pending "
+            f"of {res['cells_total']}.", ""]
+
+
+def _problems(res: dict) -> list[str]:
+    """One line per dataset and reason (the seeds and grid points it applies to listed)."""
+    groups: dict[tuple, list[str]] = {}
+    for c in res["cells"]:
+        if c["status"] in ("missing", "failed"):
+            where = f"{c['seed']}" + (f" (grid {c['grid'][0]} x {c['grid'][1]})" if c["grid"] else "")
+            groups.setdefault((c["dataset"], c["status"], c.get("reason")), []).append(where)
+    if not groups:
+        return []
+    return ["## Missing and failed cells", ""] + [f"- {key} seed(s) {', '.join(seeds)}: {status}: {reason}"
+                                                  for (key, status, reason), seeds in groups.items()] + [""]
+
+
+def write_report(out: Path) -> dict:
+    """Rebuild ``results.json`` and ``results.md`` of the suite folder ``out`` from its cells."""
+    manifest, cells = collect(out)
+    suite = SUITES[manifest["suite"]]
+    res = build_results(suite, manifest, cells)
+    write_json_atomic(out / "results.json", res)
+    with atomic_open(out / "results.md", "w", encoding="utf-8") as fh:
+        fh.write(blurb_markdown(res) if suite.blurb_score else paper_markdown(res))
+    return res

@@ -1,0 +1,153 @@
+"""``bio-megatron benchmark {blurb,paper} --model M ...`` and ``benchmark report DIR`` (docs/BENCHMARK_SUITES.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from bio_megatron.utils.errors import ConfigError
+
+_LAUNCH_HELP = ("local: each cell's `bio-megatron finetune` in a child process of this one (one process: CPU or "
+                "one GPU); torchrun: torchrun --standalone on this host; srun: inside a SLURM allocation, on all its "
+                "nodes; slurm: submit one array task per cell (slurm/benchmark.sbatch) and a report job")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from bio_megatron.benchmark.launch import LAUNCHERS
+
+    p = sub.add_parser("benchmark", help="whole benchmark suites (BLURB; the paper's Tables 1-2): every dataset x "
+                                         "seed, resumable, with the publications' tables",
+                       description="Fine-tune and score a model on every dataset x seed of a suite, resumably; "
+                                   "writes results.json and results.md in the publication's layout.")
+    suites = p.add_subparsers(dest="suite", metavar="SUITE", required=True)
+    for name, what in (("blurb", "BLURB: 13 datasets, 6 task types, the BLURB score"),
+                       ("paper", "BioMegatron's Tables 1-2: BC5CDR-chem/-disease, NCBI-disease, ChemProt (P/R/F1); "
+                                 "SQuAD v1.1 -> BioASQ-7b factoid (SAcc/LAcc/MRR)")):
+        s = suites.add_parser(name, help=what, description=what)
+        s.epilog = ("exit codes: 0 every cell done or missing; 1 a cell failed (the others ran); 2 bad input or "
+                    "another suite runs in --out; 75 stopped by SIGTERM/SIGUSR1 (rerun to continue)")
+        s.add_argument("--model", required=True, help="our checkpoint (or run / checkpoints folder), a Hugging Face "
+                                                       "folder, a .nemo file or a Megatron-LM checkpoint")
+        s.add_argument("--out", help="suite folder (default runs/benchmark/<suite>-<model name>)")
+        s.add_argument("--datasets", help="comma-separated subset (--dry-run lists them); prerequisites are added")
+        s.add_argument("--seeds", help="comma-separated seeds (default 10,42,1234,2020,7)")
+        s.add_argument("--grid", action=argparse.BooleanOptionalAction, default=None,
+                       help="sweep the recipes' head grid and keep the best mean dev point "
+                            f"(default: {'on' if name == 'paper' else 'off'})")
+        s.add_argument("--max-examples", type=int, help="cut train/dev/test to N examples (smoke runs)")
+        s.add_argument("--epochs", type=int, help="trainer.max_epochs for every cell (smoke runs)")
+        s.add_argument("--recipe-map", help="YAML: dataset -> {recipe, overrides} replacing the suite's recipe")
+        s.add_argument("--launcher", choices=LAUNCHERS, default="local", help=_LAUNCH_HELP)
+        s.add_argument("--nproc-per-node", type=int, default=int(os.environ.get("GPUS_PER_NODE") or 1),
+                       help="processes per node for torchrun / srun (default $GPUS_PER_NODE or 1)")
+        s.add_argument("--cell", type=int, help="run only this cell (an index from --dry-run; SLURM array tasks)")
+        s.add_argument("--sbatch-args", default="", help='--launcher slurm: extra sbatch options, e.g. '
+                                                         '"--account=A --partition=P"')
+        s.add_argument("--strict", action="store_true", help="fail (exit 2) when a cell is missing")
+        s.add_argument("--overwrite", action="store_true",
+                       help="remove the earlier suite in --out (other options are refused without it) and start over")
+        s.add_argument("--dry-run", action="store_true", help="print the cells and their commands, then exit")
+        s.add_argument("overrides", nargs="*", help="key=value for every cell, e.g. model.micro_batch_size=16")
+        s.set_defaults(func=run_suite)
+    r = suites.add_parser("report", help="rebuild results.json and results.md from a suite folder's cells")
+    r.add_argument("dir", help="the suite folder")
+    r.set_defaults(func=run_report)
+
+
+def _ints(flag: str, text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        values = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 10,42,1234") from None
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{flag} {text!r}: a seed is given twice (each seed is one cell folder)")
+    return values
+
+
+def _check(args: argparse.Namespace) -> None:
+    problems = [f"--{k.replace('_', '-')} ({getattr(args, k)}) must be >= 1" for k in
+                ("max_examples", "epochs", "nproc_per_node") if getattr(args, k) is not None and getattr(args, k) < 1]
+    if args.cell is not None and (args.launcher == "slurm" or args.overwrite):
+        problems.append("--cell runs one cell here: not with --launcher slurm or --overwrite")
+    if problems:
+        raise ConfigError(problems)
+
+
+def _suite_args(args: argparse.Namespace, opts, out: Path) -> list[str]:
+    """The options that define the suite, as an array task passes them on (launch settings come from the job)."""
+    a = [opts.suite, "--model", opts.model, "--out", str(out), "--datasets", ",".join(opts.datasets),
+         "--seeds", ",".join(map(str, opts.seeds)), "--grid" if opts.grid else "--no-grid"]
+    a += ["--max-examples", str(opts.max_examples)] if opts.max_examples else []
+    a += ["--epochs", str(opts.epochs)] if opts.epochs else []
+    a += ["--recipe-map", os.path.abspath(args.recipe_map)] if args.recipe_map else []
+    return a + list(opts.overrides)
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    from bio_megatron.benchmark import slurm
+    from bio_megatron.benchmark.folder import differences, model_kind, open_suite, restore_path
+    from bio_megatron.benchmark.launch import Launcher
+    from bio_megatron.benchmark.plan import Options, build_plan, load_recipe_map, select_datasets
+    from bio_megatron.benchmark.run import done, require_available, run_cells
+    from bio_megatron.benchmark.suites import SUITES
+    from bio_megatron.utils.lock import exclusive_lock
+
+    _check(args)
+    suite = SUITES[args.suite]
+    model = os.path.abspath(args.model)
+    kind = model_kind(model)
+    name = Path(model).name.removesuffix(".nemo") or "model"
+    out = Path(os.path.abspath(args.out or f"runs/benchmark/{suite.name}-{name}"))
+    opts = Options(suite.name, model, select_datasets(suite, args.datasets.split(",") if args.datasets else None),
+                   _ints("--seeds", args.seeds) or suite.seeds, suite.grid if args.grid is None else args.grid,
+                   args.max_examples, args.epochs, tuple(args.overrides), load_recipe_map(args.recipe_map))
+    plan = build_plan(opts, out, restore_path(out, model, kind))
+    if args.cell is not None and not 0 <= args.cell < len(plan.cells):
+        raise ConfigError(f"--cell {args.cell}: the suite has cells 0-{len(plan.cells) - 1} (see --dry-run)")
+    launcher = Launcher("local" if args.launcher == "slurm" else args.launcher, args.nproc_per_node)
+    sbatch_args = shlex.split(args.sbatch_args)
+    if args.dry_run:
+        lines = [f"benchmark {suite.name}: {len(plan.cells)} cells, suite folder {out}, model {model} ({kind})"]
+        for c in plan.cells:
+            what = "done" if done(c) else f"missing: {c.missing}" if c.missing else \
+                shlex.join(launcher.command(c.finetune_args()))
+            lines.append(f"[{c.index}] {c.label}: {what}")
+        n_done, n_missing = sum(done(c) for c in plan.cells), sum(bool(c.missing) for c in plan.cells)
+        lines.append(f"{len(plan.cells) - n_done - n_missing} to run, {n_done} done, {n_missing} missing")
+        lines += slurm.describe(plan, _suite_args(args, opts, out), sbatch_args)
+        diffs = differences(out, plan, kind)
+        if diffs:
+            lines.append(f"note: {out} holds a suite with other settings ({'; '.join(diffs)}): running needs "
+                         "--overwrite (which starts over) or another --out")
+        sys.stdout.write("\n".join(lines) + "\n")
+        return 0
+    if args.strict:
+        require_available(plan.cells if args.cell is None else plan.cells[args.cell:args.cell + 1])
+    if args.launcher == "slurm":
+        with exclusive_lock(out / "suite.lock", f"benchmark suite folder {out}"):
+            open_suite(plan, kind, args.overwrite)
+            ids = slurm.submit(plan, _suite_args(args, opts, out), sbatch_args)
+        sys.stdout.write(f"submitted: {' '.join(ids)}; the tables will be in {out / 'results.md'}\n")
+        return 0
+    if args.cell is not None:
+        open_suite(plan, kind, False)
+        return run_cells(plan, launcher, args.cell, args.strict)
+    with exclusive_lock(out / "suite.lock", f"benchmark suite folder {out}"):
+        open_suite(plan, kind, args.overwrite)
+        return run_cells(plan, launcher, None, args.strict)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from bio_megatron.benchmark.report import write_report
+
+    out = Path(args.dir)
+    res = write_report(out)
+    score = res.get("blurb_score")
+    sys.stdout.write(f"{out / 'results.json'}, {out / 'results.md'}: {res['cells_finished']}/{res['cells_total']} "
+                     f"cells finished" + (f", BLURB score {score:.2f}" if score is not None else "") + "\n")
+    return 0
