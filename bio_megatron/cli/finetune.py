@@ -1,4 +1,4 @@
-"""``bio-megatron finetune {ner,re,qa} --config RECIPE key=value ... [--seeds 10,42,1234] [--grid]``."""
+"""``bio-megatron finetune {ner,re,qa,classify} --config RECIPE key=value ... [--seeds 10,42,1234] [--grid]``."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bio_megatron.cli.pretrain import yaml_name
 from bio_megatron.utils.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -17,7 +18,7 @@ def find_task_recipe(task: str, path: str) -> Path:
     p = Path(path)
     if p.exists() or p.is_absolute():
         return p
-    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / task / (p.name if p.suffix else f"{p}.yaml")):
+    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / task / yaml_name(p)):
         if candidate.exists():
             return candidate
     return p
@@ -33,19 +34,23 @@ def _seeds(text: str | None) -> list[int] | None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("finetune", help="fine-tune on NER, relation extraction or QA (single process, torchrun, srun)",
+    p = sub.add_parser("finetune", help="fine-tune on NER, relation extraction, QA or BLURB classification "
+                                        "(single process, torchrun, srun)",
                        description="Fine-tune from a BioMegatron checkpoint (any TP/PP layout) or an HF MegatronBert "
                                    "folder with a NeMo-style recipe and key=value overrides; prints results as JSON.")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     for task, what in (("ner", "named-entity recognition (conlleval entity F1)"),
                        ("re", "relation extraction, ChemProt (micro-F1 over CPR:3/4/5/6/9)"),
-                       ("qa", "extractive QA: SQuAD v1.1/v2.0, BioASQ factoid")):
+                       ("qa", "extractive QA: SQuAD v1.1/v2.0, BioASQ factoid"),
+                       ("classify", "BLURB sentence(-pair) classification, regression, multi-label: PubMedQA, "
+                                    "BioASQ yes/no, DDI, GAD, BIOSSES, HoC (model.dataset.task_name)")):
         t = tasks.add_parser(task, help=what)
         t.epilog = ("exit codes: 0 finished (results.json written); 2 bad configuration or input, or the experiment "
                     "directory is in use by another run; 3 stopped because the loss or gradients stayed NaN/Inf "
                     "(no results.json)")
-        t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name), or NeMo's "
-                       f"{NEMO_FILES[task]} as it is (its keys are mapped; docs/INTERCHANGE.md)")
+        nemo = (f", or NeMo's {NEMO_FILES[task]} as it is (its keys are mapped; docs/INTERCHANGE.md)"
+                if task in NEMO_FILES else " (NeMo's text_classification keys are read; the data is BLURB's own files)")
+        t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name){nemo}")
         t.add_argument("overrides", nargs="*", help="key=value, e.g. model.restore_from_path=runs/x/checkpoints")
         t.add_argument("--seeds", help="comma-separated seeds: one run each, then mean/median/spread")
         t.add_argument("--grid", action="store_true",

@@ -1,4 +1,5 @@
-"""``bio-megatron predict ner`` / ``predict qa`` with a fine-tuned checkpoint (any saved layout) or HF folder."""
+"""``bio-megatron predict ner`` / ``predict qa`` with a fine-tuned checkpoint (any saved layout) or HF folder;
+``predict classify`` with a fine-tuned BLURB classification checkpoint."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers)")
+    p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers, BLURB classes)")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     ner = tasks.add_parser("ner", help="entities with character offsets, one JSON line per document")
     ner.add_argument("--checkpoint", required=True, help="fine-tuned NER checkpoint or HF token-classification folder")
@@ -21,6 +22,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     qa.add_argument("--input", required=True, help="SQuAD-format JSON or JSON lines ({id, question, context})")
     qa.add_argument("--out", help="predictions JSON (id -> answer); the n-best lists go beside it as *.nbest.json")
     qa.set_defaults(func=run_qa)
+    cls = tasks.add_parser("classify", help="BLURB classification / similarity / hallmarks, JSON lines that "
+                                            "`bio-megatron evaluate <task_name> --pred` reads")
+    cls.add_argument("--checkpoint", required=True, help="fine-tuned classify checkpoint (run dir, checkpoints/ ...)")
+    cls.add_argument("--input", required=True, help="the dataset's own file (the checkpoint's task_name: GAD/DDI/HoC/"
+                     "BIOSSES tsv, PubMedQA/BioASQ JSON) or JSON lines {id, text[, text_b]}")
+    cls.add_argument("--out", help="output JSON lines (written atomically); default stdout")
+    cls.set_defaults(func=run_classify)
 
 
 def _load(path: str, task: str):
@@ -74,6 +82,28 @@ def run_qa(args: argparse.Namespace) -> int:
         write_json_atomic(_nbest_path(out), nbest)
     else:
         print(json.dumps(predictions, indent=2))
+    return 0
+
+
+def run_classify(args: argparse.Namespace) -> int:
+    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.predict.classify import load_classifier, predict, read_examples, task_name_of
+    from bio_megatron.predict.common import single_process
+    from bio_megatron.utils.io import atomic_open, check_output_file
+
+    if args.out:
+        check_output_file(args.out)
+    examples = read_examples(args.input, task_name_of(args.checkpoint))  # the whole input, before the model loads
+    try:
+        single_process()
+        lines = [json.dumps(p) for p in predict(load_classifier(args.checkpoint), examples)]
+    finally:
+        teardown()
+    if args.out:
+        with atomic_open(args.out, "w", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+    else:
+        sys.stdout.write("".join(line + "\n" for line in lines))
     return 0
 
 

@@ -1,8 +1,8 @@
-"""Fine-tuning configs (NER, RE, QA) with NeMo's key names, on top of the pretraining dataclasses.
+"""Fine-tuning configs (NER, RE, QA, BLURB classify) with NeMo's key names, on top of the pretraining dataclasses.
 
 The encoder block reuses :class:`ModelConfig` (size, TP/PP, dropout, tokenizer, optim, ``restore_from_path``);
 each task adds NeMo's ``model.dataset`` keys and its head (``model.head`` for token classification and QA,
-``model.classifier_head`` for RE). ``model.fc_hidden_size`` is the paper's MLP width (NeMo's was always
+``model.classifier_head`` for RE and classify). ``model.fc_hidden_size`` is the paper's MLP width (NeMo's was always
 the encoder width: ``null``). ``grid`` lists values that ``--grid`` sweeps and selects on dev.
 """
 
@@ -18,7 +18,7 @@ from bio_megatron.config.pretrain import ExpManagerConfig, ModelConfig, SchedCon
 from bio_megatron.config.pretrain import encoder_problems
 from bio_megatron.utils.errors import ConfigError
 
-TASKS = ("ner", "re", "qa")
+TASKS = ("ner", "re", "qa", "classify")
 
 
 @dataclass
@@ -105,7 +105,8 @@ class ReDatasetConfig:
 class QaDatasetConfig:
     data_dir: str = "../shared/data/qa/squad-v2"
     train_file: str = "train-v2.0.json"
-    dev_file: str = "dev-v2.0.json"
+    dev_file: str | None = "dev-v2.0.json"
+    """null with ``dev_holdout_fraction``: dev carved from train_file."""
     test_file: str | None = None
     version_2_with_negative: bool = True
     doc_stride: int = 128
@@ -115,7 +116,30 @@ class QaDatasetConfig:
     n_best_size: int = 20
     null_score_diff_threshold: float = 0.0
     bioasq_golden: str | None = None
-    """Official BioASQ golden JSON: dev/test are then scored as BioASQ factoid (SAcc, LAcc, MRR)."""
+    """Official BioASQ golden JSON: test (and a dev file) are then scored as BioASQ factoid (SAcc, LAcc, MRR).
+    It is read when a split is scored, so with a dev split carved from train it is read only after training."""
+    dev_holdout_fraction: float | None = None
+    """Carve the dev split from ``train_file`` instead of reading ``dev_file`` (which must then be null): this
+    fraction of the training questions, all snippets of a question together (ids ``<qid>_<NNN>``, and equal
+    question texts), chosen by a hash of the question, the same for every seed. Scored against the held-out
+    answers (BioASQ measures when ``bioasq_golden`` is set); the checkpoint is chosen on it, never on test."""
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+
+
+@dataclass
+class ClassifyDatasetConfig:
+    """A BLURB classification dataset in its own format (:mod:`bio_megatron.tasks.classify_data`)."""
+
+    task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc"] = "gad"
+    """Which BLURB reader, label set, head mode (single / regression / multi-label) and metric."""
+    data_dir: str = "../shared/data/blurb/GAD"
+    train_file: str = "train.tsv"
+    dev_file: str = "dev.tsv"
+    test_file: str | None = "test.tsv"
+    max_seq_length: int = 128
+    class_balancing: Literal["weighted_loss"] | None = None
+    """Single-label datasets only: NeMo's class-weighted cross entropy."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
 
@@ -150,6 +174,12 @@ class ReModelConfig(FinetuneModelConfig):
 class QaModelConfig(FinetuneModelConfig):
     dataset: QaDatasetConfig = field(default_factory=QaDatasetConfig)
     head: HeadConfig = field(default_factory=lambda: HeadConfig(num_fc_layers=1, fc_dropout=0.1))
+
+
+@dataclass
+class ClassifyModelConfig(FinetuneModelConfig):
+    dataset: ClassifyDatasetConfig = field(default_factory=ClassifyDatasetConfig)
+    classifier_head: ClassifierHeadConfig = field(default_factory=ClassifierHeadConfig)
 
 
 @dataclass
@@ -188,8 +218,14 @@ class QaConfig(_FinetuneBase):
     model: QaModelConfig = field(default_factory=QaModelConfig)
 
 
-CONFIG_CLASSES = {"ner": NerConfig, "re": ReConfig, "qa": QaConfig}
-FinetuneConfig = NerConfig | ReConfig | QaConfig
+@dataclass
+class ClassifyConfig(_FinetuneBase):
+    task: Literal["ner", "re", "qa", "classify"] = "classify"
+    model: ClassifyModelConfig = field(default_factory=ClassifyModelConfig)
+
+
+CONFIG_CLASSES = {"ner": NerConfig, "re": ReConfig, "qa": QaConfig, "classify": ClassifyConfig}
+FinetuneConfig = NerConfig | ReConfig | QaConfig | ClassifyConfig
 
 
 def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
@@ -211,6 +247,8 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")
+    if m.require_restore_from_path and not m.restore_from_path:
+        problems.append(f"model.restore_from_path is required by this recipe: {m.require_restore_from_path}")
     if cfg.exp_manager.resume_from_checkpoint:
         problems.append(f"exp_manager.resume_from_checkpoint ({cfg.exp_manager.resume_from_checkpoint}) is not "
                         "supported for fine-tuning; start from weights with model.restore_from_path")
@@ -226,6 +264,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     dropout = head.fc_dropout if head is not None else m.classifier_head.fc_dropout
     if not 0.0 <= dropout < 1.0:  # (NaN fails this too)
         problems.append(f"head fc_dropout ({dropout}) must be in [0, 1)")
+    if cfg.task == "qa" and d.dev_holdout_fraction is not None:
+        if not 0.0 < d.dev_holdout_fraction < 1.0:  # (NaN fails this too)
+            problems.append(f"model.dataset.dev_holdout_fraction ({d.dev_holdout_fraction}) must be in (0, 1)")
+        if d.dev_file:
+            problems.append(f"model.dataset.dev_holdout_fraction ({d.dev_holdout_fraction}) carves dev from "
+                            f"train_file: set model.dataset.dev_file=null (it is {d.dev_file})")
     if cfg.task == "qa":
         if not math.isfinite(d.null_score_diff_threshold):
             problems.append(f"model.dataset.null_score_diff_threshold ({d.null_score_diff_threshold}) must be finite")
@@ -235,6 +279,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
         if d.max_query_length + 3 >= d.max_seq_length:
             problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
                             f"max_seq_length ({d.max_seq_length})")
+    if cfg.task == "classify":
+        if d.class_balancing and d.task_name in ("biosses", "hoc"):
+            problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights single-label classes; "
+                            f"{d.task_name} is {'regression' if d.task_name == 'biosses' else 'multi-label'}: null")
+        if d.max_seq_length < 8:  # room for the special tokens of a pair and some text
+            problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) must be >= 8")
     if problems:
         raise ConfigError(problems)
 
@@ -244,7 +294,8 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     """Recipe + ``key=value`` overrides -> validated task config (every problem reported at once)."""
     if task not in CONFIG_CLASSES:
         raise ConfigError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
-    raw = load_document(path, list(overrides), task, world_size)
+    # classify reads NeMo's text_classification keys, as RE does
+    raw = load_document(path, list(overrides), "re" if task == "classify" else task, world_size)
     if raw.get("task", task) != task:
         raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
 

@@ -15,6 +15,9 @@ qa         MegatronBertForQuestionAnswering           ``head.num_fc_layers: 1`` 
 re         MegatronBertForSequenceClassification      ``classifier_head.num_output_layers: 2``,
                                                       ``activation: tanh``, ``fc_hidden_size`` null or the
                                                       encoder width -> ``bert.pooler`` + ``classifier``
+classify   MegatronBertForSequenceClassification      the same head (BLURB datasets; ``problem_type``
+                                                      single-label / regression / multi-label; any other
+                                                      head is refused: :mod:`~.hf_classify`)
 =========  =========================================  ==================================================
 
 =========  =========================================  ==================================================
@@ -100,6 +103,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     src = resolve_source(checkpoint)
     if src.kind != "checkpoint":
         raise CheckpointError(f"{checkpoint}: already a Hugging Face folder")
+    from bio_megatron.export.hf_electra import export_electra, is_electra_checkpoint
+
+    if src.task is None and is_electra_checkpoint(src):  # two folders: discriminator/ and generator/
+        return export_electra(src, out, overwrite, dtype)
     if src.task is None:
         hsd, config, tok_lower, labels = _pretraining_to_hf(src)
     else:
@@ -141,10 +148,16 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
     """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config (plain or remote-code class)."""
     from bio_megatron.predict.common import load_finetuned
 
+    if src.task == "classify":  # BLURB classification: (Megatron)BertForSequenceClassification with its problem_type
+        from bio_megatron.export.hf_classify import classify_to_hf
+
+        return classify_to_hf(src)
     loaded = load_finetuned(src.path)
     m, shape, vocab = loaded.cfg.model, loaded.model.shape, loaded.tokenizer.vocab_size
     settings = head_settings(src.task, m)
     plain = plain_class(src.task, settings, shape.hidden_size)
+    if isinstance(loaded.tokenizer, BPETokenizer):  # the family a byte-level BPE vocabulary records: RoBERTa
+        return _roberta_task_to_hf(src, loaded, settings, plain is not None)
     if m.transformer_block_type == "post_ln":
         if plain is None:  # the remote-code classes wrap MegatronBertModel (pre-LN)
             raise CheckpointError(f"{src.path}: a post-LN (BERT) model with this {src.task} head has no Hugging Face "
@@ -168,6 +181,34 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "transformers_version")}
         config = BioMegatronConfig(**fields)
     return hsd, config, loaded.tokenizer.lowercase, labels
+
+
+def _roberta_task_to_hf(src: Source, loaded, settings: dict, plain: bool) -> tuple[dict, object, bool, list | None]:
+    """A fine-tuned byte-level BPE model as ``RobertaFor{TokenClassification,QuestionAnswering,
+    SequenceClassification}``, refused (one line naming what differs) unless that class computes exactly our model:
+    post-LN, one token type and a head it has (no remote-code RoBERTa classes). Positions as ``bert_to_roberta``."""
+    from bio_megatron.export.hf_heads import ROBERTA_CLASS
+
+    m, shape, tok, cls = loaded.cfg.model, loaded.model.shape, loaded.tokenizer, ROBERTA_CLASS[src.task]
+    problems = [] if m.transformer_block_type == "post_ln" else [f"transformer_block_type {m.transformer_block_type}"]
+    if m.num_tokentypes != 1:
+        problems.append(f"num_tokentypes {m.num_tokentypes} (RoBERTa has one token type)")
+    if not plain:
+        problems.append(f"head {settings} ({cls} computes " + ("a 2-layer tanh head as wide as the encoder"
+                                                               if src.task == "re" else "one Linear layer") + ")")
+    if problems:
+        raise CheckpointError(f"{src.path}: a byte-level BPE (RoBERTa) {src.task} model exports only as {cls}, which "
+                              "cannot compute this one: " + "; ".join(problems))
+    sd = loaded.model.state_dict()
+    hsd = {**bert_to_roberta(mcore_to_hf(sd, shape, tok.vocab_size, binary_head=False), tok.pad),
+           **head_to_hf(src.task, sd, True, family="roberta")}
+    extra: dict = {"architectures": [cls]}
+    if loaded.labels:
+        extra.update(num_labels=len(loaded.labels), id2label=dict(enumerate(loaded.labels)),
+                     label2id={t: i for i, t in enumerate(loaded.labels)})
+    config = roberta_config(shape, tok.vocab_size, m.max_position_embeddings, m.layernorm_epsilon, tok.pad, tok.cls,
+                            tok.sep, **extra)
+    return hsd, config, False, loaded.labels
 
 
 def _pretraining_to_hf(src: Source):
@@ -206,9 +247,33 @@ def _pretraining_to_hf(src: Source):
 
 def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: str | None = None) -> dict:
     """An HF folder's weights as a full (TP1) megatron-core state, head included for task folders."""
+    path = Path(path)
+    hsd = read_hf_weights(path)
+    hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
+    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
+        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
+    elif hf_cfg.get("model_type") == "electra":  # the discriminator's encoder under BERT's names (no heads)
+        from bio_megatron.models.hf_electra import electra_to_bert
+
+        hsd = electra_to_bert(hsd)
+    prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
+    binary = "cls.seq_relationship.weight" in hsd
+    try:
+        full = hf_to_mcore(hsd, shape, padded_vocab, binary_head=binary, prefix=prefix)
+        if task is None:
+            task = resolve_source(path).task
+        if task is not None:
+            full.update(hf_to_head(task, hsd))
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
+                              "(not a BERT / MegatronBert checkpoint?)") from None
+    return full
+
+
+def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """An HF folder's state dict as saved (every ``*.safetensors``, or ``pytorch_model.bin``); one-line errors."""
     from safetensors.torch import load_file
 
-    path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     if not files and (path / "pytorch_model.bin").is_file():
         files = [path / "pytorch_model.bin"]
@@ -225,21 +290,7 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
         if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
             raise CheckpointError(f"{f}: not a state dict of tensors")
         hsd.update(part)
-    hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
-    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
-        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
-    prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
-    binary = "cls.seq_relationship.weight" in hsd
-    try:
-        full = hf_to_mcore(hsd, shape, padded_vocab, binary_head=binary, prefix=prefix)
-        if task is None:
-            task = resolve_source(path).task
-        if task is not None:
-            full.update(hf_to_head(task, hsd))
-    except KeyError as exc:
-        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
-                              "(not a BERT / MegatronBert checkpoint?)") from None
-    return full
+    return hsd
 
 
 def task_config_for_hf(src: Source):
@@ -255,10 +306,11 @@ def task_config_for_hf(src: Source):
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,
-              tolerance: float | None = None) -> dict:
+              tolerance: float | None = None, generator: str | Path | None = None) -> dict:
     """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder.
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output. ``verify``: the
-    folder run by transformers itself vs the written checkpoint (:func:`verify_hf_import`)."""
+    folder run by transformers itself vs the written checkpoint (:func:`verify_hf_import`). ``generator``:
+    an ELECTRA discriminator's generator folder (:mod:`bio_megatron.export.hf_electra`)."""
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
@@ -276,6 +328,12 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     if src.vocab_file is None:
         raise CheckpointError(f"{hf_dir}: no vocab.txt or tokenizer.json; a WordPiece vocabulary is needed beside "
                               "the weights")
+    from bio_megatron.export.hf_electra import import_electra, is_electra_folder
+
+    if is_electra_folder(src.path):
+        return import_electra(src, generator, out, overwrite, verify, tolerance)
+    if generator is not None:
+        raise CheckpointError(f"--generator ({generator}) goes with an ELECTRA discriminator; {hf_dir} is not one")
     tok = load_tokenizer(src.vocab_file, src.lowercase)  # WordPiece vocab.txt or byte-level BPE vocab.json
     single_process()
     if src.task is None:

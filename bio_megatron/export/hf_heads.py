@@ -30,6 +30,9 @@ AUTO_CLASS = {"ner": "AutoModelForTokenClassification", "qa": "AutoModelForQuest
 BERT_PLAIN_CLASS = {t: c.replace("MegatronBert", "Bert") for t, c in PLAIN_CLASS.items()}
 CLASS_TASK = {**{c: t for t, c in PLAIN_CLASS.items()}, **{c: t for t, c in BERT_PLAIN_CLASS.items()},
               **{c: t for t, c in REMOTE_CLASS.items()}}
+# A fine-tuned byte-level BPE (RoBERTa) model exports to these (export only: import hf reads RobertaModel /
+# RobertaForMaskedLM folders). The heads are the plain classes' (same conditions, :func:`plain_class`).
+ROBERTA_CLASS = {t: c.replace("MegatronBert", "Roberta") for t, c in PLAIN_CLASS.items()}
 REMOTE_MODULE = "modeling_bio_megatron"
 REMOTE_MODEL_TYPE = "bio-megatron-bert"
 HEAD_KEYS = ("num_fc_layers", "fc_hidden_size", "activation", "fc_dropout")
@@ -37,11 +40,16 @@ _ACTIVATIONS = ("relu", "gelu", "tanh")
 # Plain classes: HF key prefix -> our module, per task.
 _PLAIN_PAIRS = {"ner": {"classifier": "head.mlp.layer0"}, "qa": {"qa_outputs": "head.mlp.layer0"},
                 "re": {"bert.pooler.dense": "head.mlp.layer0", "classifier": "head.mlp.layer2"}}
+# RoBERTa's sequence head is dense -> tanh -> out_proj on <s> (RobertaClassificationHead): the same computation as
+# BERT's pooler + classifier at inference, under other names; its token and span heads are BERT's.
+_ROBERTA_PAIRS = {**_PLAIN_PAIRS,
+                  "re": {"classifier.dense": "head.mlp.layer0", "classifier.out_proj": "head.mlp.layer2"}}
 
 
 def _block(task: str) -> tuple[str, str]:
-    """The config block holding the head and its layer-count key (RE keeps NeMo's SequenceClassifier names)."""
-    return ("classifier_head", "num_output_layers") if task == "re" else ("head", "num_fc_layers")
+    """The config block holding the head and its layer-count key (RE and classify keep NeMo's SequenceClassifier
+    names)."""
+    return ("classifier_head", "num_output_layers") if task in ("re", "classify") else ("head", "num_fc_layers")
 
 
 def head_settings(task: str, model_cfg: FinetuneModelConfig) -> dict:
@@ -62,12 +70,13 @@ def plain_class(task: str, settings: dict, hidden_size: int) -> str | None:
     return None
 
 
-def head_to_hf(task: str, sd: dict, plain: bool) -> dict:
-    """Our ``head.*`` weights under the HF class's names (unchanged for the remote-code classes)."""
+def head_to_hf(task: str, sd: dict, plain: bool, family: str = "bert") -> dict:
+    """Our ``head.*`` weights under the HF class's names (unchanged for the remote-code classes); ``family``
+    ``roberta`` names them as ``RobertaFor*`` does."""
     g = lambda k: sd[k].detach().clone().contiguous()  # noqa: E731
     if not plain:
         return {k: g(k) for k in sd if k.startswith("head.")}
-    pairs = _PLAIN_PAIRS[task].items()
+    pairs = (_ROBERTA_PAIRS if family == "roberta" else _PLAIN_PAIRS)[task].items()
     return {f"{theirs}.{p}": g(f"{ours}.{p}") for theirs, ours in pairs for p in ("weight", "bias")}
 
 

@@ -1,9 +1,11 @@
-"""Fine-tuning loop shared by NER, RE and QA: set-up around ``training.loop.train``, dev evaluation with the
-task's official-equivalent metric, best checkpoint kept by that metric, test evaluation of the best.
+"""Fine-tuning loop shared by NER, RE, QA and BLURB classify: set-up around ``training.loop.train``, dev
+evaluation with the task's official-equivalent metric, best checkpoint kept by that metric, test evaluation of
+the best.
 
-A task object (``tasks/ner.py``, ``re.py``, ``qa.py``) supplies the data splits, ``collate``, ``loss``,
-``outputs`` (per-example predictions from logits) and ``score``. Every rank builds the same global batch
-from the same seed; each data-parallel rank takes its share, cut into micro-batches.
+A task object (``tasks/ner.py``, ``re.py``, ``qa.py``, ``classify.py``) supplies the data splits, ``collate``,
+``loss``, ``outputs`` (per-example predictions from logits) and ``score``; optionally ``build_head`` (its own
+head) and ``write_predictions`` (test predictions as ``<run>/test_predictions.jsonl``). Every rank builds the
+same global batch from the same seed; each data-parallel rank takes its share, cut into micro-batches.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
 from bio_megatron.config.finetune import FinetuneConfig, validate
-from bio_megatron.data.pretrain import resolve_vocab
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.heads import build_head
@@ -36,7 +37,8 @@ from bio_megatron.training.signals import StopRequest
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
-from bio_megatron.vocab.wordpiece import WordPieceTokenizer
+from bio_megatron.vocab.bpe import load_tokenizer
+from bio_megatron.vocab.builtin import resolve_vocab
 
 log = get_logger(__name__)
 
@@ -48,6 +50,9 @@ def make_task(cfg: FinetuneConfig, tokenizer, labels: list[str] | None):
     if cfg.task == "re":
         from bio_megatron.tasks.re import ReTask
         return ReTask(cfg, tokenizer, labels)
+    if cfg.task == "classify":
+        from bio_megatron.tasks.classify import ClassifyTask
+        return ClassifyTask(cfg, tokenizer, labels)
     from bio_megatron.tasks.qa import QaTask
     return QaTask(cfg, tokenizer)
 
@@ -142,17 +147,34 @@ def adopt_head_structure(m, src: Source) -> None:
         m.fc_hidden_size = saved["fc_hidden_size"]
 
 
+def _no_examples(cfg: FinetuneConfig, name: str, file: str) -> DataError:
+    d = cfg.model.dataset
+    fmt = "SQuAD-style JSON" if cfg.task == "qa" else f"BLURB {d.task_name}" if cfg.task == "classify" else \
+        f"{d.format} {'NER' if cfg.task == 'ner' else 'relation'}"
+    return DataError(f"no usable {name} examples (the file is empty or has none in the expected {fmt} format); "
+                     "fine-tuning needs at least one", str(Path(d.data_dir) / file))
+
+
 def require_examples(cfg: FinetuneConfig, task) -> None:
     """Zero usable examples in a split is an error naming its file: training on nothing, or choosing a "best"
-    model on an empty dev set, would report success on no evidence. (Reads dev and test now, before any
-    process group exists, so a bad file fails fast on every rank alike.)"""
+    model on an empty dev set, would report success on no evidence. (Reads train and dev now, before any
+    process group exists, so a bad file fails fast on every rank alike.) The test file (and a BioASQ golden
+    file) must exist but is read only after training, to score the chosen checkpoint: nothing about the
+    test set can reach training or model selection."""
     d = cfg.model.dataset
-    fmt = "SQuAD-style JSON" if cfg.task == "qa" else f"{d.format} {'NER' if cfg.task == 'ner' else 'relation'}"
-    for name, file in (("train", d.train_file), ("dev", d.dev_file), ("test", d.test_file)):
+    for name, file in (("train", d.train_file), ("dev", d.dev_file or d.train_file)):
         split = task.train if name == "train" else task.split(name)
         if split is not None and not split.features:
-            raise DataError(f"no usable {name} examples (the file is empty or has none in the expected {fmt} "
-                            "format); fine-tuning needs at least one", str(Path(d.data_dir) / file))
+            raise _no_examples(cfg, name, file)
+    if d.dev_file and d.test_file and Path(d.dev_file) == Path(d.test_file):  # (tiny test recipes do this)
+        log.warning("model.dataset.dev_file (%s) is also model.dataset.test_file: the checkpoint is chosen on the "
+                    "test set, so its test score is not a held-out score", d.dev_file)
+    later = [("model.dataset.test_file", Path(d.data_dir) / d.test_file if d.test_file else None),
+             ("model.dataset.bioasq_golden", getattr(d, "bioasq_golden", None))]
+    for key, path in later:
+        if path is not None and not Path(path).exists():
+            raise DataError(f"{key}: file not found (it is read after training, to score the chosen checkpoint)",
+                            str(path))
 
 
 def setup(cfg: FinetuneConfig):
@@ -169,8 +191,11 @@ def setup(cfg: FinetuneConfig):
     validate(cfg, resolve_world().world_size)
     # Data problems surface before any process group exists: a bad file fails fast, on every rank alike.
     vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
-    tokenizer = WordPieceTokenizer(vocab_file, m.tokenizer.do_lower_case)
+    tokenizer = load_tokenizer(vocab_file, m.tokenizer.do_lower_case)  # WordPiece, or byte-level BPE (RoBERTa)
     same_task = src is not None and src.task == cfg.task
+    if same_task and cfg.task == "classify":  # another BLURB dataset's head (other labels): the encoder only
+        from bio_megatron.tasks.classify import same_head
+        same_task = same_head(cfg, src.labels)
     if same_task:
         adopt_head_structure(m, src)
     task = make_task(cfg, tokenizer, src.labels if same_task else None)
@@ -179,7 +204,8 @@ def setup(cfg: FinetuneConfig):
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)
-    head = build_head(cfg.task, m, m.shape().hidden_size, task.num_classes)
+    head = task.build_head(m) if hasattr(task, "build_head") else build_head(cfg.task, m, m.shape().hidden_size,
+                                                                              task.num_classes)
     model = build_task_model(m, padded, head, dtype, t.seed)
     if src is not None:
         load_into(model, src, encoder_only=not same_task)
@@ -224,7 +250,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
     dist.barrier()
     dev = task.split("dev")
     if dev is None:
-        raise ConfigError("model.dataset.dev_file is required: the best checkpoint is chosen on dev")
+        raise ConfigError("model.dataset.dev_file is required (QA: or model.dataset.dev_holdout_fraction): the best "
+                          "checkpoint is chosen on dev")
     state = LoopState(model=ddp, optimizer=optimizer, scheduler=scheduler,
                       forward_step=partial(forward_step, task=task, keep_outputs=False),
                       train_batches=batches.train, valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
@@ -320,11 +347,21 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
         ckpt.shutdown_writer()
         raise NonFiniteError(f"fine-tuning of {run_dir} never reached a finite model to evaluate on dev "
                              f"({state.skipped_steps} of {state.step} steps skipped as non-finite); lower model.optim.lr")
+    if cfg.model.dataset.test_file:  # read only now: training and selection never saw the test set
+        log.info("training done: scoring the checkpoint of step %d (chosen on dev) on test %s", best["step"],
+                 Path(cfg.model.dataset.data_dir) / cfg.model.dataset.test_file)
     test = task.split("test")
+    if test is not None and not test.features:
+        ckpt.shutdown_writer()
+        raise _no_examples(cfg, "test", cfg.model.dataset.test_file)
     if test is not None:
         ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)
         batches.state = eval_state
-        result["test"] = task.score(test, predict_split(eval_state, batches, test, len(test.features)))
+        outputs = predict_split(eval_state, batches, test, len(test.features))
+        result["test"] = task.score(test, outputs)
+        if is_writer and hasattr(task, "write_predictions"):  # what `bio-megatron evaluate <task>` reads
+            written = task.write_predictions(test, outputs, run_dir / "test_predictions.jsonl")
+            result["test_predictions"] = str(written)
     if is_writer:
         write_json_atomic(run_dir / "results.json", result)
         shutil.rmtree(resume_root, ignore_errors=True)  # finished: nothing to resume

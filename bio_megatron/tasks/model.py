@@ -210,10 +210,8 @@ def _hf_vocab(path: Path) -> tuple[Path | None, bool | None]:
 
 
 def apply_source_shape(m: ModelConfig, src: Source) -> None:
-    """The encoder shape comes from the weights being loaded, not from the recipe."""
-    if src.vocab_file is not None and Path(src.vocab_file).name == "vocab.json":
-        raise CheckpointError(f"{src.path}: a byte-level BPE (RoBERTa) model cannot be fine-tuned yet: fine-tuning "
-                              "tokenizes with WordPiece; pretraining, import hf and export hf take it")
+    """The encoder shape comes from the weights being loaded, not from the recipe (a RoBERTa source's one token
+    type and post-LN blocks too; its byte-level BPE vocabulary is loaded by ``load_tokenizer``)."""
     for k, v in src.shape.items():
         setattr(m, k, v)
     if src.lowercase is not None and m.tokenizer.do_lower_case is None:  # the HF folder's tokenizer setting

@@ -17,7 +17,9 @@ from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 REPORTED = {"ner": ("precision", "recall", "f1"), "re": ("precision", "recall", "f1"),
-            "squad": ("exact", "exact_match", "f1"), "bioasq": ("strict_accuracy", "lenient_accuracy", "mrr")}
+            "squad": ("exact", "exact_match", "f1"), "bioasq": ("strict_accuracy", "lenient_accuracy", "mrr"),
+            # BLURB classify: the headline first; then whichever of the others the dataset's metric reports
+            "classify": ("score", "accuracy", "precision", "recall", "f1", "pearson")}
 
 
 def _metrics(cfg: FinetuneConfig) -> tuple[str, ...]:
@@ -34,7 +36,7 @@ def spread(values: list[float]) -> dict:
 
 
 def _set_layers(cfg: FinetuneConfig, n: int) -> None:
-    if cfg.task == "re":
+    if cfg.task in ("re", "classify"):
         cfg.model.classifier_head.num_output_layers = n
     else:
         cfg.model.head.num_fc_layers = n
@@ -66,7 +68,9 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
                 return {"benchmark": cfg.name, "task": cfg.task, "status": "interrupted", "interrupted_run": tag}
             runs.append({"num_fc_layers": n, "fc_hidden_size": w, "seed": seed, "dev": res["dev"],
                          "test": res.get("test"), "checkpoint": res["checkpoint"]})
-    metric = "mrr" if cfg.task == "qa" and cfg.model.dataset.bioasq_golden else "f1"  # what run_finetuning selects on
+    # what run_finetuning selects on (classify: the dataset's BLURB metric, as "score")
+    metric = "mrr" if cfg.task == "qa" and cfg.model.dataset.bioasq_golden else "score" if cfg.task == "classify" \
+        else "f1"
     by_point = {}
     for r in runs:
         by_point.setdefault((r["num_fc_layers"], r["fc_hidden_size"]), []).append(r)
