@@ -102,6 +102,17 @@ class NerTask:
     def word_tags(self, split: NerSplit, outputs: list) -> list[list[str]]:
         return [[self.labels[t] for t in word_predictions(o, f)] for o, f in zip(outputs, split.features)]
 
+    def write_predictions(self, split: NerSplit, outputs: list, path: Path) -> Path:
+        """Test predictions as conlleval columns ``word gold predicted`` (a blank line between sentences), the
+        input of ``bio-megatron evaluate ner|jnlpba|ebm_pico``; written beside ``path`` as ``.conll``, atomically."""
+        from bio_megatron.utils.io import atomic_open
+
+        out = Path(path).with_suffix(".conll")
+        with atomic_open(out, encoding="utf-8") as fh:
+            for sent, tags in zip(split.sentences, self.word_tags(split, outputs)):
+                fh.write("".join(f"{w} {g} {t}\n" for w, g, t in zip(sent.words, sent.tags, tags)) + "\n")
+        return out
+
     def score(self, split: NerSplit, outputs: list) -> dict:
         """conlleval's entity-level precision/recall/F1 (percent) over per-word predictions."""
         return evaluate_sequences([s.tags for s in split.sentences], self.word_tags(split, outputs))

@@ -4,6 +4,9 @@ and a learning check."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 from ft_runs import ROOT, finetune_rank
 from harness import run_world
@@ -66,6 +69,12 @@ def test_learning_check_bc5cdr_chem(tmp_path):
     assert res["dev"]["f1"] > 20.0, res["dev"]
     assert res["test"]["f1"] == res["dev"]["f1"]  # test file = dev slice here: the best checkpoint was reloaded
     assert res["losses"][-1] < 0.5 * res["losses"][0]
+    # the test predictions, as conlleval columns, score the same with `bio-megatron evaluate ner`
+    conll = Path(res["test_predictions"])
+    assert conll.suffix == ".conll"
+    done = subprocess.run([sys.executable, "-m", "bio_megatron", "evaluate", "ner", "--input", str(conll)],
+                          capture_output=True, text=True, check=True)
+    assert abs(json.loads(done.stdout)["f1"] - res["test"]["f1"]) < 1e-9
     found = [(doc, e) for doc, ents in res["predicted"] for e in ents]
     assert len(found) >= 5  # the trained tagger finds chemicals in raw text ...
     for doc, e in found:  # ... with exact character offsets
