@@ -6,33 +6,36 @@ Measured in one process, on one device, on the same shape and the same synthetic
   step per iteration through ``get_forward_backward_func()`` (forward, backward, grad clipping, Adam) —
   the code path ``bio-megatron pretrain`` runs;
 * **hf**: ``MegatronBertForMaskedLM`` (``ForPreTraining`` with ``--binary-head``) with fp32 weights under
-  ``torch.autocast`` (what the HF Trainer does for bf16/fp16), ``torch.optim.AdamW`` (fused on GPU) and
-  the same grad clipping. transformers 5.x ships MegatronBert with eager attention only and refuses
+  ``torch.autocast`` (what the HF Trainer does for bf16/fp16), ``torch.optim.AdamW`` as the HF Trainer builds
+  it by default (``adamw_torch_fused``: ``fused=True``, on CPU as on GPU; ``--hf-optimizer unfused`` gives
+  torch's default implementation, the one megatron-core's torch fallback runs for ours) and the same grad
+  clipping. transformers 5.x ships MegatronBert with eager attention only and refuses
   ``attn_implementation="sdpa"``; ``--hf-attention sdpa`` (the default) therefore swaps each layer's
   self-attention for ``F.scaled_dot_product_attention`` so the baseline gets PyTorch's fused kernels too;
 * on GPU, the achievable matmul rate (a large square matmul loop in the compute dtype), so that MFU is
   reported against both the data-sheet peak and the measured one.
 
 TFLOP/s use ``flops_per_sequence`` (model FLOPs, x3 for training). Warmup steps are excluded from the
-timing, and the device is synchronised around every timed step.
+timing, and the device is synchronised around every timed step and between its parts (forward+backward,
+optimizer step, the rest), which the result breaks the step time into. On CPU both models stay resident and
+their timed steps alternate (``--schedule``), so that other processes' load, which moves a CPU step time
+several-fold within minutes on a shared machine, weighs on both sides alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 import types
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
+from bio_megatron.bench.timing import Laps, Step, free_memory, peak_memory_gib, throughput, time_steps
 from bio_megatron.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -60,54 +63,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="our local spec's core attention (auto: SDPA on GPU, unfused on CPU; TE when present)")
     parser.add_argument("--hf-attention", default="sdpa", choices=["sdpa", "eager"],
                         help="HF baseline attention: PyTorch SDPA (patched in) or HF's own eager path")
+    parser.add_argument("--hf-optimizer", default="fused", choices=["fused", "unfused"],
+                        help="HF baseline's torch AdamW: fused (the HF Trainer's default optim adamw_torch_fused, on "
+                             "CPU as on GPU) or torch's default implementation for the device (single-tensor on CPU, "
+                             "foreach on GPU), which is what megatron-core's torch fallback runs on our side")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="true vocabulary size")
     parser.add_argument("--binary-head", action="store_true", help="add the NSP head (HF: ForPreTraining)")
     parser.add_argument("--skip-hf", action="store_true", help="measure only our model")
+    parser.add_argument("--schedule", default="auto", choices=["auto", "interleaved", "sequential"],
+                        help="time the two sides' steps alternately with both models resident, or one side after "
+                             "the other (auto: interleaved on CPU, sequential on GPU)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch intra-op threads for both sides (default: torch's, one per core); on a CPU "
+                             "shared with other jobs, 1 thread keeps a step from stalling on a busy core")
     parser.add_argument("--json", default=None, help="write the results here (atomically)")
-
-
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def _device() -> "torch.device":
     import torch
 
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _peak_memory_gib() -> float | None:
-    import torch
-
-    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
-
-
-def _free_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def time_steps(step: Callable[[], None], steps: int, warmup: int, label: str) -> list[float]:
-    """Seconds per timed step; warmup steps (allocator, kernel selection, optimizer state) are excluded."""
-    for i in range(warmup):
-        step()
-        log.info("%s: warmup step %d/%d", label, i + 1, warmup)
-    _sync()
-    times = []
-    for i in range(steps):
-        t0 = time.perf_counter()
-        step()
-        _sync()  # GPU work is asynchronous: time what ran, not what was queued
-        times.append(time.perf_counter() - t0)
-        log.info("%s: step %d/%d %.3f s", label, i + 1, steps, times[-1])
-    return times
 
 
 def synthetic_batch(vocab: int, micro_batch: int, seq: int, binary_head: bool) -> dict[str, "torch.Tensor"]:
@@ -124,21 +99,15 @@ def synthetic_batch(vocab: int, micro_batch: int, seq: int, binary_head: bool) -
             "is_random": torch.zeros(micro_batch, dtype=torch.long) if binary_head else None}
 
 
-def _throughput(times: list[float], micro_batch: int, seq: int, flops_per_seq: float, peak: float | None,
-                measured_peak: float | None) -> dict[str, Any]:
-    dt = sum(times) / len(times)
-    tflops = micro_batch * flops_per_seq / dt / 1e12
-    return {"step_time_s": dt, "step_time_median_s": statistics.median(times), "tokens_per_s": micro_batch * seq / dt,
-            "tflops": tflops, "mfu_datasheet": tflops / peak if peak else None,
-            "mfu_measured_peak": tflops / measured_peak if measured_peak else None,
-            "peak_memory_gib": _peak_memory_gib()}
-
-
-def bench_ours(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[list[float], str]:
-    """Timed full train steps of our stack; returns the step times and the core attention class that ran."""
+def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dict[str, str], dict]:
+    """A full train step of our stack, what it runs (core attention class, optimizer), and its initial weights
+    in Hugging Face's layout (on the CPU) for the baseline to start from."""
+    import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
+    from bio_megatron.config.sizes import SIZES
+    from bio_megatron.models.hf_convert import mcore_to_hf
     from bio_megatron.training.optimizer import build_optimizer
     from bio_megatron.training.pretrain import _to_device, build_stage, forward_step
 
@@ -152,19 +121,26 @@ def bench_ours(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[list[flo
     batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
                                                          args.binary_head).items() if v is not None})
     attention = type(model.encoder.layers[0].self_attention.core_attention).__name__
+    initial = mcore_to_hf({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()
+                           if torch.is_tensor(v)}, SIZES[args.size], args.vocab_size, binary_head=args.binary_head)
     fwd_bwd = get_forward_backward_func()
     fstep = partial(forward_step, binary_head=args.binary_head)
 
-    def step() -> None:
+    def step() -> dict[str, float]:
+        lap = Laps()
         ddp.train()
         ddp.zero_grad_buffer()
         optimizer.zero_grad()
+        lap("other")
+        # includes finalize_model_grads: the data-parallel all-reduce of the grad buffer (a group of one here)
         fwd_bwd(forward_step_func=fstep, data_iterator=iter([batch]), model=[ddp], num_microbatches=1,
                 seq_length=args.seq, micro_batch_size=args.micro_batch, forward_only=False)
-        optimizer.step()
+        lap("forward_backward")
+        optimizer.step()  # grad-norm clipping, Adam, and for bf16/fp16 the copies to/from fp32 main params
+        lap("optimizer")
+        return lap.parts
 
-    times = time_steps(step, args.steps, args.warmup, f"ours ({attention})")
-    return times, attention
+    return step, {"attention": attention, "optimizer": optimizer_impl(optimizer)}, initial
 
 
 def _sdpa_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
@@ -195,8 +171,9 @@ def use_sdpa_attention(model: "torch.nn.Module") -> int:
     return n
 
 
-def build_hf_model(args: argparse.Namespace, device: "torch.device") -> "torch.nn.Module":
-    """HF ``MegatronBertFor{MaskedLM,PreTraining}`` of the benchmark shape, in fp32, on ``device``."""
+def build_hf_model(args: argparse.Namespace, device: "torch.device", weights: dict | None = None) -> "torch.nn.Module":
+    """HF ``MegatronBertFor{MaskedLM,PreTraining}`` of the benchmark shape, in fp32, on ``device``; with ``weights``
+    (HF keys, e.g. ``mcore_to_hf`` of our model) it starts from them instead of its own random init."""
     import torch
     from transformers import MegatronBertForMaskedLM, MegatronBertForPreTraining
 
@@ -207,19 +184,39 @@ def build_hf_model(args: argparse.Namespace, device: "torch.device") -> "torch.n
     torch.manual_seed(_SEED)
     with device:  # allocate (and initialise) directly on the device
         model = (MegatronBertForPreTraining if args.binary_head else MegatronBertForMaskedLM)(cfg)
+    if weights is not None:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        params = dict(model.named_parameters())  # the tied decoder weight is the word embedding: not "missing"
+        missing = [k for k in missing if k in params and k != "cls.predictions.decoder.weight"]
+        if missing or unexpected:
+            raise RuntimeError(f"HF baseline weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if args.hf_attention == "sdpa":
         use_sdpa_attention(model)
     return model
 
 
-def bench_hf(args: argparse.Namespace, dtype: "torch.dtype") -> list[float]:
-    """Timed train steps of the HF baseline: autocast forward, backward, clip to 1.0, AdamW."""
+def optimizer_impl(opt: Any) -> str:
+    """Which Adam implementation runs, e.g. ``AdamW (single-tensor)``, for megatron's wrappers or a torch optimizer."""
+    import torch
+
+    opt = getattr(opt, "chained_optimizers", [opt])[0]
+    inner = getattr(opt, "optimizer", opt)  # megatron's FP32Optimizer / Float16Optimizer wrap the torch one
+    if not isinstance(inner, torch.optim.Optimizer) or type(inner).__module__.split(".")[0] != "torch":
+        return f"{type(inner).__module__}.{type(inner).__name__}"  # e.g. Transformer Engine's FusedAdam
+    group = inner.param_groups[0]
+    on_gpu = group["params"][0].is_cuda
+    impl = ("fused" if group.get("fused") else
+            "foreach" if group.get("foreach") or (group.get("foreach") is None and on_gpu) else "single-tensor")
+    return f"{type(inner).__name__} ({impl})"
+
+
+def hf_step(args: argparse.Namespace, dtype: "torch.dtype", weights: dict | None = None) -> tuple[Step, str]:
+    """A train step of the HF baseline (autocast forward, backward, clip to 1.0, AdamW), and its optimizer."""
     import torch
 
     device = _device()
-    model = build_hf_model(args, device).train()
-    on_gpu = device.type == "cuda"
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.01, fused=on_gpu)
+    model = build_hf_model(args, device, weights).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.01, fused=args.hf_optimizer == "fused")
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     b = {k: v.to(device) for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
                                                      args.binary_head).items() if v is not None}
@@ -228,17 +225,22 @@ def bench_hf(args: argparse.Namespace, dtype: "torch.dtype") -> list[float]:
     if args.binary_head:
         inputs["next_sentence_label"] = b["is_random"]
 
-    def step() -> None:
+    def step() -> dict[str, float]:
+        lap = Laps()
         opt.zero_grad(set_to_none=True)
+        lap("other")
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
             loss = model(**inputs).loss
         scaler.scale(loss).backward()
+        lap("forward_backward")
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         scaler.step(opt)
         scaler.update()
+        lap("optimizer")
+        return lap.parts
 
-    return time_steps(step, args.steps, args.warmup, f"hf ({args.hf_attention})")
+    return step, optimizer_impl(opt)
 
 
 def measured_matmul_tflops(dtype: "torch.dtype", n: int = 8192, iters: int = 50) -> float | None:
@@ -260,6 +262,19 @@ def measured_matmul_tflops(dtype: "torch.dtype", n: int = 8192, iters: int = 50)
     return 2.0 * n**3 * iters / (start.elapsed_time(end) / 1e3) / 1e12
 
 
+def _schedule(args: argparse.Namespace) -> str:
+    """``interleaved`` (both models resident, timed steps alternating) or ``sequential``. ``auto``: interleaved on
+    CPU, where other processes' load moves a side's step time several-fold between minutes; sequential on GPU,
+    where timings are steady and each side's peak memory is wanted on its own."""
+    import torch
+
+    if args.skip_hf:
+        return "sequential"
+    if args.schedule != "auto":
+        return args.schedule
+    return "sequential" if torch.cuda.is_available() else "interleaved"
+
+
 def _resolve_defaults(args: argparse.Namespace) -> None:
     import torch
 
@@ -269,7 +284,7 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
     problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
                 (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
-                 ("warmup", args.warmup, 0)) if v < lo]
+                 ("warmup", args.warmup, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
     if args.seq > 512:
         problems.append(f"--seq ({args.seq}) must be <= 512 (max_position_embeddings of Megatron BERT)")
     if problems:
@@ -290,6 +305,8 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     from bio_megatron.training.metrics import device_peak_tflops, flops_per_sequence
 
     _resolve_defaults(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     precision = {"fp16": "16"}.get(args.precision, args.precision)
     dtype = precision_dtype(precision)
     shape = SIZES[args.size]
@@ -318,17 +335,39 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         else:
             res["peak_tflops_measured_matmul"] = None
         peak, measured = res["peak_tflops_datasheet"], res["peak_tflops_measured_matmul"]
-        _free_memory()
-        times, attention = bench_ours(args, dtype)
-        res["ours"] = {"attention": attention, **_throughput(times, args.micro_batch, args.seq,
-                                                             flops_per_sequence(shape, args.seq, padded), peak, measured)}
-        _free_memory()
-        if not args.skip_hf:
-            times = bench_hf(args, dtype)
-            res["hf"] = {"attention": args.hf_attention, **_throughput(
-                times, args.micro_batch, args.seq, flops_per_sequence(shape, args.seq, args.vocab_size), peak, measured)}
+        free_memory()
+        flops_ours = flops_per_sequence(shape, args.seq, padded)
+        flops_hf = flops_per_sequence(shape, args.seq, args.vocab_size)
+        res["schedule"] = _schedule(args)
+        # Both sides start from the same weights (ours, in HF's layout): the same function from the same point,
+        # not two different random initialisations.
+        ours, ours_info, weights = ours_step(args, dtype)
+        label_ours, label_hf = f"ours ({ours_info['attention']})", f"hf ({args.hf_attention})"
+        hf_info = {"attention": args.hf_attention}
+        memory: dict[str, float | None] = {}
+        if res["schedule"] == "interleaved":
+            hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
+            del weights
+            times = time_steps({label_ours: ours, label_hf: hf}, args.steps, args.warmup)
+            res["peak_memory_gib_both"] = peak_memory_gib()  # both models resident: not separable per side
+        else:  # one side after the other, its memory freed in between: peak GPU memory per side
+            times = time_steps({label_ours: ours}, args.steps, args.warmup)
+            memory[label_ours] = peak_memory_gib()
+            del ours
+            free_memory()
+            if not args.skip_hf:
+                hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
+                times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
+                memory[label_hf] = peak_memory_gib()
+        res["ours"] = {**ours_info, **throughput(times[label_ours], args.micro_batch, args.seq, flops_ours, peak,
+                                                  measured, memory.get(label_ours))}
+        if label_hf in times:
+            res["hf"] = {**hf_info, **throughput(times[label_hf], args.micro_batch, args.seq, flops_hf, peak,
+                                                  measured, memory.get(label_hf))}
             res["ratio_tokens_per_s"] = res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
-            _free_memory()
+            # median step times: robust to a few steps slowed by other processes' load
+            res["ratio_median_step"] = res["hf"]["step_time_median_s"] / res["ours"]["step_time_median_s"]
+        free_memory()
     finally:
         teardown()
     return res
@@ -342,16 +381,23 @@ def _tf(x: float) -> str:
     return f"{x:.1f}" if x >= 10 else f"{x:.3g}"  # CPU rates are in the GFLOP/s range
 
 
+def _parts(side: dict[str, Any]) -> str:
+    b = side["breakdown_s"]
+    return f"fwd+bwd {b['forward_backward']:.3g} s, optimizer {b['optimizer']:.3g} s, other {b['other']:.2g} s"
+
+
 def summary_line(res: dict[str, Any]) -> str:
-    """The one-line result: ours, HF and the ratio, MFU against both peaks."""
+    """The one-line result: ours, HF and the ratio, MFU against both peaks, and each side's step broken down into
+    forward+backward, optimizer step and the rest (mean seconds), which says where the ratio comes from."""
     o = res["ours"]
     line = (f"bench pretrain {res['size']} seq {res['seq']} mb {res['micro_batch']} {res['dtype']} on {res['device']}: "
             f"ours {o['tokens_per_s']:,.0f} tok/s {_tf(o['tflops'])} TFLOP/s MFU {_pct(o['mfu_datasheet'])} "
-            f"(data sheet) {_pct(o['mfu_measured_peak'])} (measured matmul peak)")
+            f"(data sheet) {_pct(o['mfu_measured_peak'])} (measured matmul peak) [{_parts(o)}]")
     if "hf" in res:
         h = res["hf"]
-        line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s | "
-                 f"ours/HF {res['ratio_tokens_per_s']:.2f}x")
+        line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s [{_parts(h)}] | "
+                 f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
+                 f"{res['schedule']}; ours {o['optimizer']}, HF {h['optimizer']})")
     return line
 
 

@@ -3,17 +3,21 @@
 Adapted from the project's measured reference (shared/reference/megatron-cpu/mcore_cpu_shim.py).
 
 Call ``install()`` in every process BEFORE building models / optimizers / schedules
-(it is idempotent). It does three things:
+(it is idempotent). It does five things:
 
-1. A global TorchFunctionMode (``_CudaToCpuMode``) that rewrites every tensor-factory
-   ``device=`` argument that points at CUDA (``"cuda"``, ``"cuda:N"``, ``torch.device("cuda")``
-   or a bare int as returned by ``torch.cuda.current_device()``) to CPU, turns
-   ``Tensor.cuda()`` into a no-op and ``Tensor.to("cuda")`` into ``to("cpu")``, and drops
-   ``pin_memory=True``. This covers the ~45 hard-coded ``device='cuda'`` /
-   ``.cuda()`` / ``device=torch.cuda.current_device()`` sites in megatron-core
-   (schedules.py:749/1121/2292, p2p_communication.py:211-223/334/342,
-   language_module.py:307, utils.py:715, param_and_grad_buffer.py:1162-1186,
-   optimizer.py:315/690/698/702, clip_grads.py:96-231, dist_checkpointing/exchange_utils.py ...).
+1. Redirects megatron-core's CUDA tensor creation to the CPU, in megatron-core's own modules only
+   (:mod:`bio_megatron.parallel.device_redirect`): their global ``torch`` is a view of torch whose tensor
+   factories map ``device="cuda"``/``"cuda:N"``/``torch.device("cuda")``/an int (what
+   ``torch.cuda.current_device()`` returns) to CPU and drop ``pin_memory=True``; ``Tensor.cuda()`` and
+   ``Tensor.pin_memory()`` return the tensor and ``Tensor.to("cuda")`` goes to the CPU. The sites a CPU run
+   reaches, as logged with MCORE_SHIM_LOG over the engine, checkpoint, fine-tuning and interchange tests
+   (2026-11-23, 41 entries with the torch.cuda stand-ins below): schedules.py:749/2292,
+   p2p_communication.py:331-342/419, language_module.py:307, utils.py:712,
+   param_and_grad_buffer.py:632/1177-1186, optimizer.py:315/690/698/702/1009/1249, grad_scaler.py:20/111-117/163,
+   clip_grads.py:108-180, distrib_optimizer.py:401/466/758/1362-1374, state_dict_saver.py:251,
+   filesystem_async.py:248, random.py:490. Until 2026-11-23 this was a global ``TorchFunctionMode`` through which
+   every torch call of the process went (~2 us each; the model's forward, Adam's per-tensor arithmetic and the
+   Hugging Face baseline of ``bench pretrain`` alike); ``MCORE_SHIM_GLOBAL_MODE=1`` brings it back for diagnosis.
 2. ``torch.cuda`` stand-ins: current_device -> 0, synchronize -> no-op,
    current_stream/default_stream/Stream/Event/stream -> dummies.
 3. Replaces megatron's ``CudaRNGStatesTracker`` with a CPU implementation (same API;
@@ -22,90 +26,29 @@ Call ``install()`` in every process BEFORE building models / optimizers / schedu
    Call model_parallel_cuda_manual_seed(seed) after initialize_model_parallel, as on GPU.
 4. ``Tensor.type()`` called from megatron optimizer code returns 'torch.cuda.FloatTensor' for CPU
    fp32 tensors (asserts/branches at clip_grads.py:174, distrib_optimizer.py:401/466/758,
-   optimizer.py:1028).
-5. Three DistributedOptimizer checkpoint fixes for the torch-AdamW fallback (no apex/TE), see
-   _patch_torch_adam_distopt_checkpointing().
-Caveats: the TorchFunctionMode is thread-local (torch keeps the mode stack per thread): code that
-creates CUDA tensors in a worker thread is NOT covered. On a machine with a GPU install() is a no-op.
-Set MCORE_SHIM_LOG=/path/prefix to log every call site the shim rewrote.
+   optimizer.py:1009), patched in :mod:`bio_megatron.parallel.device_redirect`.
+5. Without apex/TE (also on a GPU): three DistributedOptimizer checkpoint fixes for the torch-AdamW fallback
+   (_patch_torch_adam_distopt_checkpointing()), and bit-identical in-place/foreach stand-ins for megatron's
+   pure-Python multi_tensor_scale/l2norm fallbacks (:mod:`bio_megatron.parallel.multi_tensor`).
+On a machine with a GPU only (5) applies. Set MCORE_SHIM_LOG=/path/prefix to log every call site the shim
+rewrote (``tests/parallel/test_cpu_shim.py`` checks the sites of a TP2xPP2 step that way).
 """
 import contextlib
-import sys
 
 import torch
-from torch.overrides import TorchFunctionMode
 
+from bio_megatron.parallel import device_redirect, multi_tensor
+from bio_megatron.parallel.device_redirect import note as _note
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
 _INSTALLED = False
-_MODE = None
-import os as _os
-_LOG = _os.environ.get("MCORE_SHIM_LOG")  # path prefix: record every site the shim rewrote
-_SITES = set()
-
-
-def _note(what, depth=2):
-    if not _LOG:
-        return
-    f = sys._getframe(depth)
-    fn = f.f_code.co_filename
-    if "site-packages/" in fn:
-        fn = fn.split("site-packages/")[-1]
-    key = f"{fn}:{f.f_lineno} {what}"
-    if key not in _SITES:
-        _SITES.add(key)
-        with open(f"{_LOG}.{_os.getpid()}", "a") as fh:
-            fh.write(key + "\n")
-
-
-def _is_cuda_dev(d):
-    if d is None:
-        return False
-    if isinstance(d, bool):
-        return False
-    if isinstance(d, int):  # torch.cuda.current_device() style
-        return True
-    if isinstance(d, str):
-        return d.startswith("cuda")
-    if isinstance(d, torch.device):
-        return d.type == "cuda"
-    return False
-
-
-class _CudaToCpuMode(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.Tensor.cuda:
-            _note("Tensor.cuda()")
-            return args[0]
-        if func is torch.Tensor.pin_memory:
-            _note("Tensor.pin_memory()")
-            return args[0]
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            # optimizer code asserts param.type() == 'torch.cuda.FloatTensor'
-            # (clip_grads.py:174, distrib_optimizer.py:466, optimizer.py:1028)
-            r = func(*args)
-            caller = sys._getframe(1).f_code.co_filename
-            if "megatron" in caller and "optimizer" in caller and r.startswith("torch.") \
-                    and not r.startswith("torch.cuda."):
-                r = "torch.cuda." + r[len("torch."):]
-                _note("Tensor.type() spoofed")
-            return r
-        if "device" in kwargs and _is_cuda_dev(kwargs["device"]):
-            _note(f"{getattr(func, '__name__', func)}(device={kwargs['device']!r})")
-            kwargs = dict(kwargs)
-            kwargs["device"] = "cpu"
-        if kwargs.get("pin_memory"):
-            _note(f"{getattr(func, '__name__', func)}(pin_memory=True)")
-            kwargs = dict(kwargs)
-            kwargs["pin_memory"] = False
-        if func is torch.Tensor.to and len(args) > 1 and _is_cuda_dev(args[1]):
-            _note(f"Tensor.to({args[1]!r})")
-            args = (args[0], "cpu") + tuple(args[2:])
-        return func(*args, **kwargs)
 
 
 class _DummyStream:
-    def __init__(self, *a, **k):
-        _note("torch.cuda.Stream()")
+    def __init__(self, *a, _quiet: bool = False, **k):
+        if not _quiet:  # current_stream()/default_stream() log their own call site
+            _note("torch.cuda.Stream()")
 
     def wait_stream(self, *a, **k):
         pass
@@ -260,13 +203,14 @@ def _patch_torch_adam_distopt_checkpointing():
 
 
 def install():
-    global _INSTALLED, _MODE
+    global _INSTALLED
     if _INSTALLED:
         return
     if torch.cuda.is_available():
         # Real GPU: no CUDA stand-ins. The torch-Adam distributed-optimizer fixes still apply when
         # megatron-core runs without apex/TE (a plain pip install); the patch checks that itself.
         _patch_torch_adam_distopt_checkpointing()
+        multi_tensor.install()
         _INSTALLED = True
         return
     c = torch.cuda
@@ -279,8 +223,8 @@ def install():
 
     c.current_device = _logged("current_device", lambda: 0)
     c.synchronize = _logged("synchronize", lambda *a, **k: None)
-    c.current_stream = _logged("current_stream", lambda *a, **k: _DummyStream())
-    c.default_stream = _logged("default_stream", lambda *a, **k: _DummyStream())
+    c.current_stream = _logged("current_stream", lambda *a, **k: _DummyStream(_quiet=True))
+    c.default_stream = _logged("default_stream", lambda *a, **k: _DummyStream(_quiet=True))
     c.Stream = _DummyStream
     c.Event = _DummyEvent
     c.stream = _logged("stream", lambda *a, **k: contextlib.nullcontext())
@@ -291,6 +235,6 @@ def install():
     c.empty_cache = _logged("empty_cache", lambda: None)
     _install_rng_tracker()
     _patch_torch_adam_distopt_checkpointing()
-    _MODE = _CudaToCpuMode()
-    _MODE.__enter__()  # global, same trick torch.set_default_device uses
+    multi_tensor.install()
+    log.debug("CPU shim: %s", device_redirect.install())
     _INSTALLED = True
