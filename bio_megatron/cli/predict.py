@@ -45,7 +45,7 @@ def _load(path: str, task: str):
 def run_ner(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.ner import predict_entities, read_documents
-    from bio_megatron.utils.io import atomic_open, check_output_file
+    from bio_megatron.utils.io import check_output_file
 
     if args.out:  # a folder or an unwritable place is refused before the model loads, not after the work
         check_output_file(args.out)
@@ -55,11 +55,7 @@ def run_ner(args: argparse.Namespace) -> int:
         lines = [json.dumps({"id": i, "entities": predict_entities(loaded, text)}) for i, text in docs]
     finally:
         teardown()
-    if args.out:
-        with atomic_open(args.out, "w", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in lines))
-    else:
-        sys.stdout.write("".join(line + "\n" for line in lines))
+    _write_lines(args.out, lines)
     return 0
 
 
@@ -89,7 +85,7 @@ def run_classify(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.classify import load_classifier, predict, read_examples, task_name_of
     from bio_megatron.predict.common import single_process
-    from bio_megatron.utils.io import atomic_open, check_output_file
+    from bio_megatron.utils.io import check_output_file
 
     if args.out:
         check_output_file(args.out)
@@ -99,12 +95,20 @@ def run_classify(args: argparse.Namespace) -> int:
         lines = [json.dumps(p) for p in predict(load_classifier(args.checkpoint), examples)]
     finally:
         teardown()
-    if args.out:
-        with atomic_open(args.out, "w", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in lines))
-    else:
-        sys.stdout.write("".join(line + "\n" for line in lines))
+    _write_lines(args.out, lines)
     return 0
+
+
+def _write_lines(out: str | None, lines: list[str]) -> None:
+    """JSON lines to ``out`` (atomically) or to stdout."""
+    from bio_megatron.utils.io import atomic_open
+
+    text = "".join(line + "\n" for line in lines)
+    if out:
+        with atomic_open(out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        sys.stdout.write(text)
 
 
 def _nbest_path(out: Path) -> Path:

@@ -11,9 +11,6 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from transformers import BertTokenizer
 
 import bio_megatron.corpus.tokenize as tokmod
-from bio_megatron.corpus.pmc import extract_pmc
-from bio_megatron.corpus.pubmed import extract_pubmed
-from bio_megatron.corpus.samples import sample_files
 from bio_megatron.corpus.tokenize import tokenize_corpus
 from bio_megatron.utils.errors import DataError
 from bio_megatron.vocab.train import train_vocab
@@ -25,14 +22,9 @@ pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWar
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """The bundled real sample extracted to one JSONL file (PubMed abstracts then PMC articles)."""
-    d = tmp_path_factory.mktemp("jsonl")
-    extract_pubmed(sample_files()["pubmed"], d / "pubmed.jsonl")
-    extract_pmc(sample_files()["pmc"], d / "pmc.jsonl")
-    out = d / "all.jsonl"
-    out.write_text((d / "pubmed.jsonl").read_text() + (d / "pmc.jsonl").read_text())
-    return out
+def corpus(sample_jsonl) -> Path:
+    """The bundled real sample extracted to one JSONL file (PubMed abstracts then PMC articles): conftest's."""
+    return sample_jsonl
 
 
 def _docs(path: Path) -> list[list[str]]:
