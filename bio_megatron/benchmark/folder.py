@@ -38,7 +38,7 @@ OWN = (MANIFEST, PLAN, "cells", "model", "model.log", "results.json", "results.m
 
 def model_kind(model: str) -> str:
     """``checkpoint`` (ours), ``hf``, ``nemo`` or ``megatron-lm``; a path that is none of them is refused."""
-    from bio_megatron.interchange.sources import foreign_kind
+    from bio_megatron.loading.foreign import foreign_kind
 
     path = Path(model)
     if not path.exists():

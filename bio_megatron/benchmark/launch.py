@@ -26,8 +26,9 @@ import subprocess
 import sys
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from bio_megatron.benchmark.folder import WORLD_VARS
 from bio_megatron.utils.log import get_logger, setup_logging
@@ -79,6 +80,9 @@ class Child:
 class Launcher:
     kind: str
     nproc: int = 1
+    # local: the `bio-megatron` entry point a forked cell runs (cli.main), handed down by the command so that this
+    # layer does not import the CLI above it
+    entry: Callable[[list[str]], int] | None = field(default=None, compare=False)
 
     def command(self, args: list[str]) -> list[str]:
         """The command line that runs ``bio-megatron <args>`` under this launcher (as shown by ``--dry-run``)."""
@@ -102,7 +106,9 @@ class Launcher:
     def start(self, args: list[str], log_path: Path) -> Child:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if self.kind == "local":
-            return _fork_cli(args, log_path)
+            if self.entry is None:
+                raise ValueError("Launcher('local') needs entry= (the bio-megatron entry point, cli.main)")
+            return _fork_cli(self.entry, args, log_path)
         env = {k: v for k, v in os.environ.items() if self.kind == "srun" or k not in WORLD_VARS}
         with open(log_path, "a") as fh:
             fh.write(f"$ {shlex.join(self.command(args))}\n")
@@ -130,7 +136,7 @@ def _torchrun_child(parent: int) -> None:
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the torchrun agent dies of USR1; its trainers handle it
 
 
-def _fork_cli(args: list[str], log_path: Path) -> Child:
+def _fork_cli(entry: Callable[[list[str]], int], args: list[str], log_path: Path) -> Child:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
@@ -152,9 +158,7 @@ def _fork_cli(args: list[str], log_path: Path) -> Child:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         setup_logging(force=True)
         os.write(1, f"$ {shlex.join(['bio-megatron', *args])}\n".encode())
-        from bio_megatron.cli import main
-
-        rc = main(args)
+        rc = entry(args)
     except BaseException:  # noqa: BLE001  (reported in the cell's log, as the CLI would print it)
         traceback.print_exc()
     finally:

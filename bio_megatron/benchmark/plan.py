@@ -42,9 +42,18 @@ class Options:
     """key=value for every cell, after the recipe's and the recipe map's."""
     recipe_map: dict = field(default_factory=dict)
     """dataset -> {"recipe": ..., "overrides": [...]} (``--recipe-map``), replacing the suite's recipe."""
+    runs: dict = field(default_factory=dict)
+    """dataset -> how many of the first ``seeds`` it runs (the publications' runs, without ``--seeds``); a
+    dataset not listed runs every seed."""
+
+    def seeds_of(self, key: str) -> tuple[int, ...]:
+        return self.seeds[:self.runs[key]] if key in self.runs else self.seeds
 
     def identity(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))  # as the manifest reads back (lists, not tuples)
+        out = json.loads(json.dumps(asdict(self)))  # as the manifest reads back (lists, not tuples)
+        if not out["runs"]:  # --seeds given: the manifest stays as before per-dataset runs, earlier folders match
+            del out["runs"]
+        return out
 
 
 @dataclass
@@ -143,16 +152,16 @@ def select_datasets(suite: Suite, names: list[str] | None) -> tuple[str, ...]:
 
 def _recipe(d: Dataset, mapped: dict | None) -> tuple[str | None, list[str], str | None]:
     """(recipe path, its overrides, why missing) for a dataset: the recipe map's, the suite's, its fallback."""
-    from bio_megatron.cli.finetune import find_task_recipe
+    from bio_megatron.config.recipes import find_recipe
 
     if mapped and mapped.get("recipe"):
-        path = find_task_recipe(d.task, mapped["recipe"])
+        path = find_recipe(d.task, mapped["recipe"])
         return (str(path), [], None) if path.is_file() else (None, [], f"recipe {mapped['recipe']} not found")
-    path = find_task_recipe(d.task, d.recipe)
+    path = find_recipe(d.task, d.recipe)
     if path.is_file():
         return str(path), [], None
     if d.fallback:
-        base = find_task_recipe(d.task, d.fallback[0])
+        base = find_recipe(d.task, d.fallback[0])
         if base.is_file():
             return str(base), list(d.fallback[1]), None
     return None, [], f"no recipe nemo_configs/{d.task}/{d.recipe}.yaml"
@@ -228,7 +237,7 @@ def build_plan(opts: Options, out: Path, model_path: str) -> Plan:
         elif opts.grid and cfg is not None:
             points = [(n, w) for n in cfg.grid.num_fc_layers for w in cfg.grid.fc_hidden_size]
         for point in points:
-            for seed in opts.seeds:
+            for seed in opts.seeds_of(key):
                 parent = next((c for c in parents if c.seed == seed and c.point == point), None)
                 over = base + (_grid_overrides(d.task, point) if point and not d.after else [])
                 over += _controlled(out, d, seed, point, parent.checkpoint if parent else model_path)

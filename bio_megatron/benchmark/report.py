@@ -13,10 +13,14 @@ from pathlib import Path
 
 from bio_megatron.benchmark.stats import blurb_score, select_point, spread, task_type_averages
 from bio_megatron.benchmark.suites import SUITES, Dataset, Suite
-from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.errors import BioMegatronError, ConfigError
 from bio_megatron.utils.io import atomic_open, load_json, write_json_atomic
+from bio_megatron.utils.log import get_logger
 
+log = get_logger(__name__)
 MANIFEST, PLAN, RESULT, ERROR = "manifest.json", "plan.json", "cell.json", "error.json"
+# The vocabularies shipped with the package, by the names the paper's Vocabulary column gives them.
+_BUILTIN_NAMES = {"bert_base_cased": "BERT-cased", "bert_base_uncased": "BERT-uncased"}
 
 
 def collect(out: Path) -> tuple[dict, list[dict]]:
@@ -39,6 +43,42 @@ def collect(out: Path) -> tuple[dict, list[dict]]:
             c["status"] = "pending"
         cells.append(c)
     return manifest, cells
+
+
+def model_facts(model: Path) -> dict | None:
+    """The paper's #Parameters and Vocabulary of the model a suite fine-tunes (our checkpoint or an HF folder):
+    the parameter count ``pretrain --dry-run`` gives for its shape and padded vocabulary (encoder and MLM head,
+    no NSP head: fine-tuning does not use it), and its vocabulary's name and size. None (logged) when the model
+    cannot be read here."""
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.config.sizes import padded_vocab_size, parameter_count
+    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.vocab.bpe import is_bpe, load_tokenizer
+    from bio_megatron.vocab.builtin import BUILTIN, VOCAB_DIR
+    from bio_megatron.vocab.wordpiece import guess_lowercase, read_vocab
+
+    try:
+        src = resolve_source(model)
+        tok = load_tokenizer(src.vocab_file)
+        m = ModelConfig(**src.shape)
+        padded = src.padded_vocab or padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by)
+        n = parameter_count(m.shape(), padded, m.max_position_embeddings, m.num_tokentypes)
+        if is_bpe(src.vocab_file):
+            name = "byte-level BPE"
+        else:
+            words = read_vocab(src.vocab_file)
+            name = next((_BUILTIN_NAMES[k] for k, f in BUILTIN.items() if read_vocab(VOCAB_DIR / f) == words),
+                        f"WordPiece-{'uncased' if guess_lowercase(words) else 'cased'}")
+    except (BioMegatronError, OSError, TypeError) as exc:  # TypeError: a shape key ModelConfig does not know
+        log.warning("%s: #Parameters and Vocabulary left empty: %s", model, exc)
+        return None
+    return {"parameters": n, "parameters_text": _count(n), "vocab_size": tok.vocab_size, "padded_vocab_size": padded,
+            "vocabulary": f"{name} ({tok.vocab_size:,})"}
+
+
+def _count(n: int) -> str:
+    """The paper's spelling: 110m, 345m, 1.2b (one decimal below 10m)."""
+    return f"{n / 1e9:.1f}b" if n >= 1e9 else f"{n / 1e6:.0f}m" if n >= 1e7 else f"{n / 1e6:.1f}m"
 
 
 def _dataset_summary(d: Dataset, cells: list[dict], seeds: int) -> dict:
@@ -73,18 +113,20 @@ def _point(c: dict):
     return tuple(c["point"]) if c.get("point") else None
 
 
-def build_results(suite: Suite, manifest: dict, cells: list[dict]) -> dict:
-    """The whole results object from the manifest and the collected cells (pure: tests feed synthetic cells)."""
+def build_results(suite: Suite, manifest: dict, cells: list[dict], model: dict | None = None) -> dict:
+    """The whole results object from the manifest, the collected cells and ``model_facts`` (pure: tests feed
+    synthetic cells)."""
     opts = manifest["options"]
+    runs = opts.get("runs") or {}
     chosen = [d for d in suite.datasets if d.key in opts["datasets"]]
-    datasets = [_dataset_summary(d, cells, len(opts["seeds"])) if d in chosen else
+    datasets = [_dataset_summary(d, cells, runs.get(d.key, len(opts["seeds"]))) if d in chosen else
                 {"key": d.key, "title": d.title, "group": d.group, "metric": d.metric, "metric_name": d.metric_name,
                  "split": d.split, "columns": [list(c) for c in d.columns] or [[d.metric, d.metric_name]],
                  "status": "not selected", "reason": "not in --datasets"} for d in suite.datasets]
     counts = {s: sum(c["status"] == s for c in cells) for s in ("finished", "missing", "failed", "pending")}
     out = {"suite": suite.name, "title": suite.title, "suite_version": suite.version, "model": manifest["model"],
-           "seeds": opts["seeds"], "grid": opts["grid"], "options": opts, "scale": "0-100",
-           "cells_total": len(cells), "cells": [_cell_row(c) for c in cells],
+           "model_facts": model, "seeds": opts["seeds"], "runs": runs, "grid": opts["grid"], "options": opts,
+           "scale": "0-100", "cells_total": len(cells), "cells": [_cell_row(c) for c in cells],
            **{f"cells_{s}": n for s, n in counts.items()}, "datasets": datasets}
     if suite.blurb_score:
         means = {r["key"]: r["stats"][r["metric"]]["mean"] if r.get("stats", {}).get(r["metric"]) else None
@@ -148,6 +190,8 @@ def blurb_markdown(res: dict) -> str:
 def paper_markdown(res: dict) -> str:
     lines = _header(res)
     model = Path(res["model"]).name
+    mf = res.get("model_facts")
+    facts = [mf["parameters_text"], mf["vocabulary"]] if mf else ["", ""]
     for group in SUITES[res["suite"]].groups:
         rows = [r for r in res["datasets"] if r["group"] == group]
         # one table per split and column set: the reported test scores, then a prerequisite's dev scores
@@ -157,15 +201,16 @@ def paper_markdown(res: dict) -> str:
             part = [r for r in rows if (r["split"], tuple(map(tuple, r["columns"]))) == (split, cols)]
             title = f"## {group} ({split})" if n == 0 else \
                 f"### {', '.join(r['title'] for r in part)} ({split}; the checkpoints the runs above continue from)"
-            head = ["Benchmark", "Model", *(["Head (chosen on dev)"] if res["grid"] else []), *[h for _, h in cols],
-                    "Seeds"]
+            head = ["Benchmark", "Model", "#Parameters", "Vocabulary",
+                    *(["Head (chosen on dev)"] if res["grid"] else []), *[h for _, h in cols], "Seeds"]
             lines += ([""] if lines[-1] else []) + [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
             for r in part:
                 sel = r.get("selected")
                 grid = [f"{sel['num_fc_layers']} x {sel['fc_hidden_size']}" if sel else ""] if res["grid"] else []
                 vals = [_value(r["stats"].get(k)) for k, _ in cols] if r.get("stats") else \
                     [_why(r)] + [""] * (len(cols) - 1)
-                lines.append("| " + " | ".join([r["title"], model, *grid, *vals, str(len(r.get("seeds", [])))]) + " |")
+                lines.append("| " + " | ".join([r["title"], model, *facts, *grid, *vals, str(len(r.get("seeds", [])))])
+                             + " |")
     return "\n".join(lines + [""] + _problems(res)).rstrip("\n") + "\n"
 
 
@@ -173,13 +218,26 @@ def _header(res: dict) -> list[str]:
     o = res["options"]
     extra = [f"--max-examples {o['max_examples']}"] if o.get("max_examples") else []
     extra += [f"--epochs {o['epochs']}"] if o.get("epochs") else []
+    mf = res.get("model_facts")
+    about = f" ({mf['parameters']:,} parameters, vocabulary {mf['vocabulary']})" if mf else ""
     return [f"# {res['title']}: {Path(res['model']).name}", "",
-            f"Model `{res['model']}`; seeds {', '.join(map(str, res['seeds']))}"
+            f"Model `{res['model']}`{about}; seeds {_seeds_text(res)}"
             + ("; head grid, the point with the best mean dev score kept" if res["grid"] else "")
             + (f"; {' '.join(extra)} (a smoke run, not the protocol)" if extra else "")
             + f". Scores on a 0-100 scale: mean ± sample s.d. over seeds. Cells: {res['cells_finished']} finished, "
             f"{res['cells_missing']} missing, {res['cells_failed']} failed, {res['cells_pending']} pending "
             f"of {res['cells_total']}.", ""]
+
+
+def _seeds_text(res: dict) -> str:
+    """The seeds, and which datasets run how many of them when that is the publications' number per dataset."""
+    runs, seeds = res.get("runs") or {}, res["seeds"]
+    if not runs:
+        return ", ".join(map(str, seeds))
+    titles = {r["key"]: r["title"] for r in res["datasets"]}
+    counts = sorted(set(runs.values()))
+    parts = [f"the first {n} for {', '.join(titles[k] for k in runs if runs[k] == n)}" for n in counts]
+    return f"{', '.join(map(str, seeds[:max(counts)]))} ({'; '.join(parts)})"
 
 
 def _problems(res: dict) -> list[str]:
@@ -199,7 +257,9 @@ def write_report(out: Path) -> dict:
     """Rebuild ``results.json`` and ``results.md`` of the suite folder ``out`` from its cells."""
     manifest, cells = collect(out)
     suite = SUITES[manifest["suite"]]
-    res = build_results(suite, manifest, cells)
+    # a NeMo / Megatron-LM source was imported into the suite folder: that is the model the cells fine-tune
+    model = out / "model" if manifest.get("model_kind") in ("nemo", "megatron-lm") else Path(manifest["model"])
+    res = build_results(suite, manifest, cells, model_facts(model))
     write_json_atomic(out / "results.json", res)
     with atomic_open(out / "results.md", "w", encoding="utf-8") as fh:
         fh.write(blurb_markdown(res) if suite.blurb_score else paper_markdown(res))

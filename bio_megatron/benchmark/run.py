@@ -83,9 +83,9 @@ def score(cell: Cell, plan: Plan) -> dict:
 
 def _evaluate(cell: Cell, plan: Plan, res: dict) -> dict:
     """``bio-megatron evaluate <task> --gold <test file> --pred <run>/test_predictions...`` (its functions)."""
-    from bio_megatron.cli.evaluate_blurb import TASKS
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.evaluation.blurb import as_dict
+    from bio_megatron.tasks.blurb_scoring import EVALUATORS
 
     d = cell.dataset
     ds = load_finetune_config(d.task, cell.recipe, cell.overrides).model.dataset
@@ -96,7 +96,7 @@ def _evaluate(cell: Cell, plan: Plan, res: dict) -> dict:
             raise DataError(f"the run wrote no test predictions for `{command}`", str(cell.run_dir / "results.json"))
         return {"skipped": "the run wrote no test predictions", "command": command}
     try:
-        return {**as_dict(TASKS[d.evaluator].score(str(gold), pred), d.evaluator), "command": command}
+        return {**as_dict(EVALUATORS[d.evaluator].score(str(gold), pred), d.evaluator), "command": command}
     except DataError as exc:
         if plan.options.max_examples is None or d.needs_predictions:
             raise

@@ -8,6 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from bio_megatron.cli.finetune import parse_seeds
 from bio_megatron.utils.errors import ConfigError
 
 _LAUNCH_HELP = ("local: each cell's `bio-megatron finetune` in a child process of this one (one process: CPU or "
@@ -33,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                        "folder, a .nemo file or a Megatron-LM checkpoint")
         s.add_argument("--out", help="suite folder (default runs/benchmark/<suite>-<model name>)")
         s.add_argument("--datasets", help="comma-separated subset (--dry-run lists them); prerequisites are added")
-        s.add_argument("--seeds", help="comma-separated seeds (default 10,42,1234,2020,7)")
+        s.add_argument("--seeds", help="comma-separated seeds, every dataset runs each (default: the publications' "
+                                        "runs per dataset, docs/BENCHMARK_SUITES.md)")
         s.add_argument("--grid", action=argparse.BooleanOptionalAction, default=None,
                        help="sweep the recipes' head grid and keep the best mean dev point "
                             f"(default: {'on' if name == 'paper' else 'off'})")
@@ -57,18 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=run_report)
 
 
-def _ints(flag: str, text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        values = tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 10,42,1234") from None
-    if len(set(values)) != len(values):
-        raise ConfigError(f"{flag} {text!r}: a seed is given twice (each seed is one cell folder)")
-    return values
-
-
 def _check(args: argparse.Namespace) -> None:
     problems = [f"--{k.replace('_', '-')} ({getattr(args, k)}) must be >= 1" for k in
                 ("max_examples", "epochs", "nproc_per_node") if getattr(args, k) is not None and getattr(args, k) < 1]
@@ -80,8 +70,10 @@ def _check(args: argparse.Namespace) -> None:
 
 def _suite_args(args: argparse.Namespace, opts, out: Path) -> list[str]:
     """The options that define the suite, as an array task passes them on (launch settings come from the job)."""
-    a = [opts.suite, "--model", opts.model, "--out", str(out), "--datasets", ",".join(opts.datasets),
-         "--seeds", ",".join(map(str, opts.seeds)), "--grid" if opts.grid else "--no-grid"]
+    # without --seeds (opts.runs set) the task takes the default seeds too: each dataset its publication's runs
+    seeds = [] if opts.runs else ["--seeds", ",".join(map(str, opts.seeds))]
+    a = [opts.suite, "--model", opts.model, "--out", str(out), "--datasets", ",".join(opts.datasets), *seeds,
+         "--grid" if opts.grid else "--no-grid"]
     a += ["--max-examples", str(opts.max_examples)] if opts.max_examples else []
     a += ["--epochs", str(opts.epochs)] if opts.epochs else []
     a += ["--recipe-map", os.path.abspath(args.recipe_map)] if args.recipe_map else []
@@ -103,13 +95,18 @@ def run_suite(args: argparse.Namespace) -> int:
     kind = model_kind(model)
     name = Path(model).name.removesuffix(".nemo") or "model"
     out = Path(os.path.abspath(args.out or f"runs/benchmark/{suite.name}-{name}"))
-    opts = Options(suite.name, model, select_datasets(suite, args.datasets.split(",") if args.datasets else None),
-                   _ints("--seeds", args.seeds) or suite.seeds, suite.grid if args.grid is None else args.grid,
-                   args.max_examples, args.epochs, tuple(args.overrides), load_recipe_map(args.recipe_map))
+    datasets = select_datasets(suite, args.datasets.split(",") if args.datasets else None)
+    seeds = parse_seeds(args.seeds)  # given: every dataset runs them all; else each its publication's runs
+    opts = Options(suite.name, model, datasets, tuple(seeds or suite.seeds),
+                   suite.grid if args.grid is None else args.grid, args.max_examples, args.epochs,
+                   tuple(args.overrides), load_recipe_map(args.recipe_map),
+                   {} if seeds else suite.default_runs(datasets))
     plan = build_plan(opts, out, restore_path(out, model, kind))
     if args.cell is not None and not 0 <= args.cell < len(plan.cells):
         raise ConfigError(f"--cell {args.cell}: the suite has cells 0-{len(plan.cells) - 1} (see --dry-run)")
-    launcher = Launcher("local" if args.launcher == "slurm" else args.launcher, args.nproc_per_node)
+    from bio_megatron.cli import main
+
+    launcher = Launcher("local" if args.launcher == "slurm" else args.launcher, args.nproc_per_node, entry=main)
     sbatch_args = shlex.split(args.sbatch_args)
     if args.dry_run:
         lines = [f"benchmark {suite.name}: {len(plan.cells)} cells, suite folder {out}, model {model} ({kind})"]

@@ -4,33 +4,24 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from bio_megatron.cli.pretrain import yaml_name
 from bio_megatron.utils.errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NEMO_FILES = {"ner": "token_classification_config.yaml", "re": "text_classification_config.yaml", "qa": "qa_conf.yaml"}
 
 
-def find_task_recipe(task: str, path: str) -> Path:
-    """A recipe path as given, else under the checkout's ``nemo_configs/<task>/`` (``bc5cdr_chem`` works)."""
-    p = Path(path)
-    if p.exists() or p.is_absolute():
-        return p
-    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / task / yaml_name(p)):
-        if candidate.exists():
-            return candidate
-    return p
-
-
-def _seeds(text: str | None) -> list[int] | None:
+def parse_seeds(text: str | None, flag: str = "--seeds") -> list[int] | None:
+    """``10,42,1234`` -> [10, 42, 1234] (None when not given). A repeated seed is refused: each seed is one run
+    folder, and the same run counted twice would weigh in the mean twice."""
     if not text:
         return None
     try:
-        return [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
-        raise ConfigError(f"--seeds {text!r}: expected comma-separated integers, e.g. 10,42,1234") from None
+        raise ConfigError(f"{flag} {text!r}: expected comma-separated integers, e.g. 10,42,1234") from None
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{flag} {text!r}: a seed is given twice (each seed is one run folder)")
+    return seeds
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -62,11 +53,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.config.loader import to_dict
+    from bio_megatron.config.recipes import find_recipe
     from bio_megatron.parallel.distributed import resolve_world
 
     world = resolve_world()
-    seeds = _seeds(args.seeds)
-    cfg = load_finetune_config(args.task, find_task_recipe(args.task, args.config), args.overrides,
+    seeds = parse_seeds(args.seeds)
+    cfg = load_finetune_config(args.task, find_recipe(args.task, args.config), args.overrides,
                                None if args.dry_run else world.world_size)
     if args.dry_run:
         print(json.dumps(to_dict(cfg), indent=2))

@@ -32,14 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(path: str, task: str):
-    from bio_megatron.predict.common import load_finetuned, single_process
-    from bio_megatron.utils.errors import CheckpointError
+    from bio_megatron.loading.finetuned import load_finetuned, single_process
 
     single_process()
-    loaded = load_finetuned(path)
-    if loaded.source.task != task:
-        raise CheckpointError(f"{path}: a {loaded.source.task} model, not {task}")
-    return loaded
+    return load_finetuned(path, task)  # refuses a model of another task, naming both
 
 
 def run_ner(args: argparse.Namespace) -> int:
@@ -82,9 +78,9 @@ def run_qa(args: argparse.Namespace) -> int:
 
 
 def run_classify(args: argparse.Namespace) -> int:
+    from bio_megatron.loading.finetuned import single_process
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.classify import load_classifier, predict, read_examples, task_name_of
-    from bio_megatron.predict.common import single_process
     from bio_megatron.utils.io import check_output_file
 
     if args.out:

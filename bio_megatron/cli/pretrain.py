@@ -9,27 +9,10 @@ from pathlib import Path
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
-REPO_ROOT = Path(__file__).resolve().parents[2]
 EXIT_CODES = ("exit codes: 0 finished, or interrupted by SIGTERM/SIGUSR1 after saving (status.json says which); "
               "2 bad configuration or input, or the run directory is in use by another run; 3 stopped because the "
               "loss or gradients stayed NaN/Inf for trainer.max_nonfinite_steps steps in a row (status.json "
               '"failed"; checkpoints/latest is the last finite checkpoint)')
-
-
-def yaml_name(p: Path) -> str:
-    """``x`` -> ``x.yaml``; a name already ending in .yaml/.yml is kept (``biomegatron_1.2b`` is not ``.2b``)."""
-    return p.name if p.suffix in (".yaml", ".yml") else f"{p}.yaml"
-
-
-def find_recipe(path: str) -> Path:
-    """A recipe path as given, else relative to the project checkout (``nemo_configs/...``)."""
-    p = Path(path)
-    if p.exists() or p.is_absolute():
-        return p
-    for candidate in (REPO_ROOT / p, REPO_ROOT / "nemo_configs" / "pretrain" / yaml_name(p)):
-        if candidate.exists():
-            return candidate
-    return p
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -53,10 +36,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_pretrain(args: argparse.Namespace) -> int:
     from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.config.recipes import find_recipe
     from bio_megatron.parallel.distributed import resolve_world
 
     world = resolve_world()
-    cfg = load_pretrain_config(find_recipe(args.config), args.overrides,
+    cfg = load_pretrain_config(find_recipe("pretrain", args.config), args.overrides,
                               None if args.dry_run else world.world_size)
     if args.dry_run:
         from bio_megatron.config.loader import to_dict

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
-from bio_megatron.config.pretrain import ExpManagerConfig, ModelConfig, SchedConfig, OptimConfig, TrainerConfig
+from bio_megatron.config.pretrain import (ExpManagerConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
+                                          TrainerConfig)
 from bio_megatron.config.pretrain import encoder_problems
 from bio_megatron.utils.errors import ConfigError
 
@@ -189,16 +190,12 @@ class GridConfig:
 
 
 @dataclass
-class _FinetuneBase:
+class _FinetuneBase(RunConfig):
     name: str = "finetune"
-    task: Literal["ner", "re", "qa"] = "ner"
     trainer: FinetuneTrainerConfig = field(default_factory=FinetuneTrainerConfig)
     exp_manager: FinetuneExpManagerConfig = field(default_factory=FinetuneExpManagerConfig)
+    task: Literal["ner", "re", "qa"] = "ner"
     grid: GridConfig = field(default_factory=GridConfig)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.exp_manager.exp_dir) / self.exp_manager.name
 
 
 @dataclass

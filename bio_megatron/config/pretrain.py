@@ -114,6 +114,10 @@ class OptimConfig:
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
+    fused: bool | None = None
+    """torch.optim's ``fused`` (as NeMo passes it to a torch optimizer), where megatron-core runs torch's Adam
+    (no Transformer Engine/apex): null = the fused kernel on CPU, torch's default on GPU; false = torch's
+    default (single-tensor on CPU: the numerics of runs before 2026-11-23). See docs/BENCHMARKS.md."""
     sched: SchedConfig = field(default_factory=SchedConfig)
 
 
@@ -187,15 +191,22 @@ class ModelConfig:
 
 
 @dataclass
-class PretrainConfig:
+class RunConfig:
+    """NeMo's top level shared by pretraining and fine-tuning configs: the run's name, ``trainer`` and
+    ``exp_manager`` blocks, and the run directory they place it in."""
+
     name: str = "megatron_bert"
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     exp_manager: ExpManagerConfig = field(default_factory=ExpManagerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
 
     @property
     def run_dir(self) -> Path:
         return Path(self.exp_manager.exp_dir) / self.exp_manager.name
+
+
+@dataclass
+class PretrainConfig(RunConfig):
+    model: ModelConfig = field(default_factory=ModelConfig)
 
 
 def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:

@@ -39,6 +39,8 @@ AutoModel above) and ``bio_megatron_head`` to ``config.json``; head weights keep
 Every folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2id``), ``vocab.txt`` +
 tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf`` (and ``finetune``/
 ``predict`` from an HF folder) read both kinds back with the same head.
+Reading a folder's weights and head back is :mod:`bio_megatron.loading.hf` (``finetune`` and ``predict`` load HF
+folders too); this module writes folders and imports them as checkpoints.
 """
 
 from __future__ import annotations
@@ -50,13 +52,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from bio_megatron.config.sizes import ModelShape
-from bio_megatron.export.hf_heads import (BERT_PLAIN_CLASS, CLASS_TASK, PLAIN_CLASS, REMOTE_MODEL_TYPE, apply_head,
-                                          head_settings, head_to_hf, hf_to_head, plain_class, remote_config_fields,
-                                          source_head, write_remote_code)
-from bio_megatron.models.hf_convert import (bert_to_roberta, hf_config, hf_to_mcore, mcore_to_hf, roberta_config,
-                                           roberta_position_offset, roberta_to_bert)
-from bio_megatron.tasks.model import Source, resolve_source
+from bio_megatron.export.hf_heads import (head_settings, head_to_hf, plain_class, remote_config_fields,
+                                          write_remote_code)
+from bio_megatron.loading.finetuned import load_finetuned, single_process
+from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
+from bio_megatron.loading.hf_heads import BERT_PLAIN_CLASS, CLASS_TASK, REMOTE_MODEL_TYPE
+from bio_megatron.loading.model import build_task_model, load_full_state
+from bio_megatron.loading.source import Source, resolve_source
+from bio_megatron.models.heads import build_head
+from bio_megatron.models.hf_convert import bert_to_roberta, hf_config, mcore_to_hf, roberta_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -96,8 +100,6 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     is the weights' dtype in the folder; fp32 from a bf16/fp16 run takes its fp32 main parameters."""
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype ({dtype!r}) must be one of {', '.join(EXPORT_DTYPES)}")
-    from bio_megatron.predict.common import single_process
-
     check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
     single_process()
     src = resolve_source(checkpoint)
@@ -146,8 +148,6 @@ def _hf_class(name: str, remote: bool) -> type:
 
 def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
     """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config (plain or remote-code class)."""
-    from bio_megatron.predict.common import load_finetuned
-
     if src.task == "classify":  # BLURB classification: (Megatron)BertForSequenceClassification with its problem_type
         from bio_megatron.export.hf_classify import classify_to_hf
 
@@ -245,66 +245,6 @@ def _pretraining_to_hf(src: Source):
     return hsd, config, tok.lowercase, None
 
 
-def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: str | None = None) -> dict:
-    """An HF folder's weights as a full (TP1) megatron-core state, head included for task folders."""
-    path = Path(path)
-    hsd = read_hf_weights(path)
-    hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
-    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
-        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
-    elif hf_cfg.get("model_type") == "electra":  # the discriminator's encoder under BERT's names (no heads)
-        from bio_megatron.models.hf_electra import electra_to_bert
-
-        hsd = electra_to_bert(hsd)
-    prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
-    binary = "cls.seq_relationship.weight" in hsd
-    try:
-        full = hf_to_mcore(hsd, shape, padded_vocab, binary_head=binary, prefix=prefix)
-        if task is None:
-            task = resolve_source(path).task
-        if task is not None:
-            full.update(hf_to_head(task, hsd))
-    except KeyError as exc:
-        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
-                              "(not a BERT / MegatronBert checkpoint?)") from None
-    return full
-
-
-def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
-    """An HF folder's state dict as saved (every ``*.safetensors``, or ``pytorch_model.bin``); one-line errors."""
-    from safetensors.torch import load_file
-
-    files = sorted(path.glob("*.safetensors"))
-    if not files and (path / "pytorch_model.bin").is_file():
-        files = [path / "pytorch_model.bin"]
-    if not files:
-        raise CheckpointError(f"{path}: no *.safetensors or pytorch_model.bin")
-    hsd = {}
-    for f in files:
-        try:
-            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
-                                                                                   weights_only=True)
-        except Exception as exc:  # safetensors' SafetensorError, torch's UnpicklingError/EOFError/RuntimeError
-            raise CheckpointError(f"{f}: unreadable weights file, truncated or damaged? ({type(exc).__name__}: "
-                                  f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
-        if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
-            raise CheckpointError(f"{f}: not a state dict of tensors")
-        hsd.update(part)
-    return hsd
-
-
-def task_config_for_hf(src: Source):
-    """A task config whose head is the HF folder's (``Source.head``: the plain class's fixed head, or the
-    ``bio_megatron_head`` of a remote-code folder); what ``finetune``/``predict``/``import hf`` build for it."""
-    from bio_megatron.config.finetune import CONFIG_CLASSES
-
-    cfg = CONFIG_CLASSES[src.task]()
-    apply_head(cfg.model, src.head or source_head(PLAIN_CLASS[src.task], {}, str(src.path)))
-    cfg.model.transformer_impl = "local"
-    cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
-    return cfg
-
-
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,
               tolerance: float | None = None, generator: str | Path | None = None) -> dict:
     """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder.
@@ -315,9 +255,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.heads import build_head
-    from bio_megatron.tasks.model import build_task_model, load_full_state
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
@@ -379,7 +316,6 @@ def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: floa
     not ours, reading the files as any user of the folder would), vs our engine on the written checkpoint:
     :func:`bio_megatron.interchange.verify.verify_import` on its padded batch."""
     from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
-    from bio_megatron.predict.common import load_finetuned, single_process
 
     single_process()  # our side loads the checkpoint at TP1
     cfg = load_json(Path(hf_dir) / "config.json")

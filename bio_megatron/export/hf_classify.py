@@ -22,9 +22,10 @@ it) sees transformers' class and treats it as the ``re`` head's class: fine-tuni
 from __future__ import annotations
 
 from bio_megatron.export.hf_heads import head_settings, head_to_hf, plain_class
+from bio_megatron.loading.source import Source
 from bio_megatron.models.hf_convert import hf_config, mcore_to_hf
+from bio_megatron.predict.classify import load_classifier
 from bio_megatron.tasks.classify_data import dataset
-from bio_megatron.tasks.model import Source
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.vocab.bpe import BPETokenizer
 
@@ -34,8 +35,6 @@ PROBLEM_TYPE = {"single": "single_label_classification", "regression": "regressi
 
 def classify_to_hf(src: Source) -> tuple[dict, object, bool, list[str]]:
     """(HF state dict, config, tokenizer lower-casing, labels) of a classify checkpoint at TP1, for ``export_hf``."""
-    from bio_megatron.predict.classify import load_classifier
-
     loaded = load_classifier(src.path)
     m, shape, tok = loaded.cfg.model, loaded.model.shape, loaded.tokenizer
     settings = head_settings("classify", m)

@@ -25,7 +25,7 @@ import yaml
 
 from bio_megatron.models.hf_electra import (DISCRIMINATOR_CLASSES, MODEL_TYPE, electra_configs,
                                             electra_hf_to_mcore, electra_mcore_to_hf, generator_problems)
-from bio_megatron.tasks.model import Source, _read_hf_config
+from bio_megatron.loading.source import Source, read_hf_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -80,11 +80,12 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.export.hf import IMPORT_COMMAND, read_hf_weights
+    from bio_megatron.export.hf import IMPORT_COMMAND
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.hf import read_hf_weights
+    from bio_megatron.loading.model import load_full_state
     from bio_megatron.models.electra import build_electra_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.model import load_full_state
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -99,7 +100,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
         gen_dir = Path(generator)
         if not (gen_dir / "config.json").is_file():
             raise CheckpointError(f"{gen_dir}: not a Hugging Face folder (no config.json)")
-        gen_cfg = _read_hf_config(gen_dir / "config.json")
+        gen_cfg = read_hf_config(gen_dir / "config.json")
         m.generator_hidden_fraction = gen_cfg["hidden_size"] / disc_cfg["hidden_size"]
     problems = electra_problems(m)
     if gen_cfg is not None and not problems:
@@ -190,8 +191,8 @@ def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, chec
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.source import resolve_source
 
     _check_verifiable(Path(disc_dir), load_json(Path(disc_dir) / "config.json"))
     single_process()

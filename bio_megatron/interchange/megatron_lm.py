@@ -232,8 +232,8 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.model import load_full_state
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.model import load_full_state
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
@@ -301,8 +301,8 @@ def load_ours(checkpoint: str | Path):
     """Our pretraining checkpoint (any saved layout) as a TP1 model: (model, ModelConfig, tokenizer, Source)."""
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.bert import build_model
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.source import resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 

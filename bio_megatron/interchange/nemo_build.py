@@ -46,9 +46,9 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) ->
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.heads import build_head
-    from bio_megatron.tasks.model import build_task_model, load_full_state
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.model import build_task_model, load_full_state
+    from bio_megatron.models.heads import build_head
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
@@ -111,8 +111,8 @@ def load_for_export(checkpoint: str | Path) -> dict:
     """Our checkpoint (any saved layout) at TP1: full state (our local names), head, shape and settings."""
     from bio_megatron.interchange.megatron_lm import load_ours
     from bio_megatron.models.hf_convert import _normalise
-    from bio_megatron.predict.common import load_finetuned, single_process
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.loading.source import resolve_source
 
     single_process()
     src = resolve_source(checkpoint)

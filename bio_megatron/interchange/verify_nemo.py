@@ -56,7 +56,7 @@ def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | Non
     """The report of :func:`~bio_megatron.interchange.verify.verify_import` for an archive read by ``read_nemo``
     and the checkpoint ``import nemo`` wrote from it."""
     from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.predict.common import single_process
+    from bio_megatron.loading.finetuned import single_process
 
     single_process()  # our side loads the checkpoint at TP1
     vocab = _vocab_size(src["vocab_text"])
@@ -73,7 +73,7 @@ def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | Non
                                  max_position_embeddings=m.max_position_embeddings)
         return verify_import(reference, checkpoint, tolerance=tolerance, source=label + "MegatronBertForPreTraining")
 
-    from bio_megatron.predict.common import load_finetuned
+    from bio_megatron.loading.finetuned import load_finetuned
 
     loaded = load_finetuned(checkpoint)
     head = loaded.model.head

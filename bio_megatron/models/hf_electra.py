@@ -12,7 +12,7 @@ Both HF encoders are post-LN BERT under other names (``electra.`` for ``bert.``)
   ``generator_lm_head`` (tied to the word embeddings; its bias);
 - the discriminator's head is ``discriminator_predictions.{dense,dense_prediction}`` (H -> H -> 1, GELU).
 
-This module imports neither transformers nor megatron at import time: ``tasks.model.resolve_source`` reads HF
+This module imports neither transformers nor megatron at import time: ``loading.source.resolve_source`` reads HF
 folders with :func:`electra_problems`.
 """
 

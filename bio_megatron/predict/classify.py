@@ -13,44 +13,23 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.predict.common import Loaded, task_config_of
-from bio_megatron.tasks.classify import build_classify_head
+from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetuned
+from bio_megatron.tasks.classify import ClassifyTask
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode
-from bio_megatron.tasks.model import build_task_model, load_into, resolve_source
-from bio_megatron.utils.errors import CheckpointError, DataError
+from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import iter_json_lines
-from bio_megatron.vocab.bpe import load_tokenizer
-
-
-def _classify_source(path: str | Path):
-    src = resolve_source(path)
-    if src.task != "classify":
-        raise CheckpointError(f"{path}: a {src.task or 'pretraining'} model, not classify")
-    if src.kind != "checkpoint":
-        raise CheckpointError(f"{path}: a Hugging Face folder; predict classify reads fine-tuned checkpoints")
-    return src, task_config_of(src)
 
 
 def task_name_of(path: str | Path) -> str:
     """The BLURB dataset a classify checkpoint was trained on (its saved config; no weights are read)."""
-    return _classify_source(path)[1].model.dataset.task_name
+    return finetuned_source(path, "classify")[1].model.dataset.task_name
 
 
 def load_classifier(path: str | Path) -> Loaded:
     """Encoder + classify head of a fine-tuned checkpoint (any saved layout), in eval mode, at TP1 in this
-    process (``predict.common.load_finetuned`` for the other tasks; this task builds its own head)."""
-    src, cfg = _classify_source(path)
-    m = cfg.model
-    for k, v in src.shape.items():
-        setattr(m, k, v)
-    m.tensor_model_parallel_size = m.pipeline_model_parallel_size = 1
-    labels = src.labels or list(dataset(m.dataset.task_name).labels)
-    tokenizer = load_tokenizer(src.vocab_file, m.tokenizer.do_lower_case)
-    head = build_classify_head(m, m.shape().hidden_size, len(labels))
-    model = build_task_model(m, src.padded_vocab or tokenizer.vocab_size, head, torch.float32, seed=0,
-                             pre_process=True, post_process=True)
-    load_into(model, src, encoder_only=False)
-    return Loaded(model.eval(), cfg, tokenizer, labels, src)
+    process; the labels default to the dataset's when the checkpoint has no ``label_ids.csv``. (An HF folder is
+    never a classify model: ``export hf`` writes transformers' sequence class, read back as ``re``.)"""
+    return load_finetuned(path, "classify", default_labels=dataset(task_name_of(path)).labels)
 
 
 def read_examples(path: str | Path, task_name: str) -> list[ClassifyExample]:
@@ -81,8 +60,6 @@ def read_examples(path: str | Path, task_name: str) -> list[ClassifyExample]:
 @torch.no_grad()
 def predict(loaded: Loaded, examples: list[ClassifyExample], batch_size: int = 32) -> list[dict]:
     """One evaluator-format JSON object per example, in input order."""
-    from bio_megatron.tasks.classify import ClassifyTask
-
     d = loaded.cfg.model.dataset
     data = dataset(d.task_name)
     feats = encode(examples, loaded.tokenizer, d.max_seq_length)
@@ -97,6 +74,6 @@ def predict(loaded: Loaded, examples: list[ClassifyExample], batch_size: int = 3
                 torch.tensor(f_ids), torch.tensor(f_types), 1
         dev = loaded.device
         logits = loaded.model(ids.to(dev), mask.to(dev), types.to(dev)).float().cpu()
-        outputs = ClassifyTask.outputs_of(data.mode, logits)
+        outputs = ClassifyTask.decode(d, logits, mask)  # the task's own decoding, as in fine-tuning
         out.extend(data.prediction(e.id, o) for e, o in zip(examples[b:b + batch_size], outputs))
     return out

@@ -15,7 +15,8 @@ from typing import Iterator
 import torch
 
 from bio_megatron.evaluation.conlleval import chunks
-from bio_megatron.predict.common import Loaded
+from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.tasks.ner import NerTask
 from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions
 from bio_megatron.tasks.re_data import split_sentences
 from bio_megatron.utils.errors import DataError
@@ -81,10 +82,11 @@ def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[di
             ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)
             mask[r, :len(f.input_ids)] = 1
         dev = loaded.device
-        pred = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev)).argmax(-1).cpu()
+        logits = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev))
+        pred = NerTask.decode(loaded.cfg.model.dataset, logits, mask)  # the task's own decoding, as in fine-tuning
         for r, f in enumerate(group):
             spans = sents[b + r]
-            tags = [labels[t] for t in word_predictions(pred[r].tolist(), f)]
+            tags = [labels[t] for t in word_predictions(pred[r], f)]
             for ty, s, e in chunks([w for w, _ in spans], tags):
                 start, end = spans[s][1][0], spans[e - 1][1][1]
                 entities.append({"text": text[start:end], "type": ty, "start": start, "end": end})

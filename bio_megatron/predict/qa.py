@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.predict.common import Loaded
+from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.tasks.qa import QaTask
 from bio_megatron.tasks.qa_data import QAExample, build_features, postprocess, read_squad
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import iter_json_lines
@@ -45,10 +46,9 @@ def answer(loaded: Loaded, examples: list[QAExample], batch_size: int = 16) -> t
             n = len(f.input_ids)
             ids[r, :n], types[r, :n], mask[r, :n] = torch.tensor(f.input_ids), torch.tensor(f.token_type_ids), 1
         logits = loaded.model(ids.to(loaded.device), mask.to(loaded.device), types.to(loaded.device)).float().cpu()
-        for r, f in enumerate(group):
-            n = len(f.input_ids)
-            starts.append(logits[r, :n, 0].tolist())
-            ends.append(logits[r, :n, 1].tolist())
+        for start, end in QaTask.decode(d, logits, mask):  # the task's own decoding, as in fine-tuning
+            starts.append(start)
+            ends.append(end)
     predictions, nbest, _ = postprocess(examples, feats, starts, ends, d.n_best_size, d.max_answer_length,
                                         d.version_2_with_negative, d.null_score_diff_threshold)
     return predictions, nbest

@@ -108,24 +108,25 @@ def _label(value: str, labels: tuple[str, ...], path: str | Path, lineno: int | 
     return value
 
 
+def _labelled_tsv(path: str | Path, expected: str, labels: tuple[str, ...],
+                  header: tuple[str, ...] | None = None) -> list[TextExample]:
+    """``id<TAB>sentence<TAB>label`` lines (after ``header`` when given): unique ids, labels from ``labels``."""
+    ids, out = _Ids(path), []
+    for lineno, (pid, text, label) in _tsv(path, expected, 3, header):
+        ids.add(pid, lineno)
+        out.append(TextExample(pid, text, _label(label.strip(), labels, path, lineno)))
+    return _nonempty(out, path, expected)
+
+
 def read_ddi(path: str | Path) -> list[TextExample]:
     """DDI-2013 in BLURB's form: ``id<TAB>sentence with @DRUG$<TAB>label``."""
-    expected = f"'pair id<TAB>sentence<TAB>label' lines, label one of {list(DDI_LABELS)}"
-    ids, out = _Ids(path), []
-    for lineno, (pid, text, label) in _tsv(path, expected, 3):
-        ids.add(pid, lineno)
-        out.append(TextExample(pid, text, _label(label.strip(), DDI_LABELS, path, lineno)))
-    return _nonempty(out, path, expected)
+    return _labelled_tsv(path, f"'pair id<TAB>sentence<TAB>label' lines, label one of {list(DDI_LABELS)}", DDI_LABELS)
 
 
 def read_gad(path: str | Path) -> list[TextExample]:
     """GAD in BLURB's form: header ``index sentence label``, label ``0`` or ``1``."""
-    expected = "a header 'index<TAB>sentence<TAB>label', then one example per line, label 0 or 1"
-    ids, out = _Ids(path), []
-    for lineno, (pid, text, label) in _tsv(path, expected, 3, ("index", "sentence", "label")):
-        ids.add(pid, lineno)
-        out.append(TextExample(pid, text, _label(label.strip(), GAD_LABELS, path, lineno)))
-    return _nonempty(out, path, expected)
+    return _labelled_tsv(path, "a header 'index<TAB>sentence<TAB>label', then one example per line, label 0 or 1",
+                         GAD_LABELS, ("index", "sentence", "label"))
 
 
 def read_biosses(path: str | Path) -> list[ScoreExample]:

@@ -1,7 +1,7 @@
 """BLURB sentence(-pair) classification, regression and multi-label classification (``finetune classify``).
 
 NeMo's ``text_classification`` model: the [CLS] hidden state -> dropout -> an MLP of
-``model.classifier_head.num_output_layers`` Linear layers (:class:`~bio_megatron.tasks.heads.SequenceClassifier`,
+``model.classifier_head.num_output_layers`` Linear layers (:class:`~bio_megatron.models.heads.SequenceClassifier`,
 the head RE uses too). The dataset (``model.dataset.task_name``, :mod:`bio_megatron.tasks.classify_data`) picks
 the output layer and loss:
 
@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from bio_megatron.evaluation.blurb import as_dict
+from bio_megatron.models.heads import SequenceClassifier, build_head
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode
-from bio_megatron.tasks.heads import SequenceClassifier
 from bio_megatron.utils.errors import ConfigError, DataError
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.log import get_logger
@@ -42,13 +42,6 @@ class ClassifySplit:
     features: list[tuple[list[int], list[int]]]  # (input ids, token types), special tokens included
 
 
-def build_classify_head(model_cfg, hidden_size: int, num_outputs: int) -> SequenceClassifier:
-    """NeMo's SequenceClassifier from ``model.classifier_head`` and ``model.fc_hidden_size``."""
-    h = model_cfg.classifier_head
-    return SequenceClassifier(hidden_size, num_outputs, h.num_output_layers, model_cfg.fc_hidden_size, h.activation,
-                              h.fc_dropout, h.use_transformer_init)
-
-
 def same_head(cfg, restored_labels: list[str] | None) -> bool:
     """A restored ``classify`` checkpoint keeps its head only when it was trained on this label set (PubMedQA's
     yes/no/maybe head cannot serve BioASQ's yes/no): otherwise its encoder is used with a fresh head."""
@@ -56,7 +49,8 @@ def same_head(cfg, restored_labels: list[str] | None) -> bool:
 
 
 class ClassifyTask:
-    """Everything the shared fine-tuning loop needs for one BLURB classification dataset."""
+    """Everything the shared fine-tuning loop needs for one BLURB classification dataset
+    (:class:`~bio_megatron.tasks.protocol.Task`)."""
 
     name = "classify"
     metric = "score"  # BLURB's headline metric of the dataset, on the 0-1 scale (as `evaluate` prints it)
@@ -109,7 +103,8 @@ class ClassifyTask:
         return len(self.labels)
 
     def build_head(self, model_cfg) -> SequenceClassifier:
-        return build_classify_head(model_cfg, model_cfg.shape().hidden_size, self.num_classes)
+        """NeMo's SequenceClassifier from ``model.classifier_head`` and ``model.fc_hidden_size``."""
+        return build_head(self.name, model_cfg, model_cfg.shape().hidden_size, self.num_classes)
 
     def length(self, split: ClassifySplit, i: int) -> int:
         return len(split.features[i][0])
@@ -154,6 +149,11 @@ class ClassifyTask:
         if mode == "regression":
             return logits[:, 0].tolist()
         return [[j for j, on in enumerate(row) if on] for row in (logits > 0).tolist()]
+
+    @staticmethod
+    def decode(dataset_cfg, logits: torch.Tensor, attention_mask: torch.Tensor) -> list:
+        """:meth:`outputs_of` for the mode of ``dataset_cfg.task_name`` (what ``predict classify`` runs)."""
+        return ClassifyTask.outputs_of(dataset(dataset_cfg.task_name).mode, logits)
 
     def score(self, split: ClassifySplit, outputs: list) -> dict:
         """``evaluate <task_name>``'s JSON for these predictions (``score``: the headline, 0-1 scale)."""

@@ -2,10 +2,11 @@
 evaluation with the task's official-equivalent metric, best checkpoint kept by that metric, test evaluation of
 the best.
 
-A task object (``tasks/ner.py``, ``re.py``, ``qa.py``, ``classify.py``) supplies the data splits, ``collate``,
-``loss``, ``outputs`` (per-example predictions from logits) and ``score``; optionally ``build_head`` (its own
-head) and ``write_predictions`` (test predictions as ``<run>/test_predictions.jsonl``). Every rank builds the
-same global batch from the same seed; each data-parallel rank takes its share, cut into micro-batches.
+A task (:class:`~bio_megatron.tasks.protocol.Task`, picked from ``TASKS`` by ``cfg.task``: ``tasks/ner.py``,
+``re.py``, ``qa.py``, ``classify.py``) supplies the data splits, ``collate``, its head, ``loss``, ``outputs``
+(per-example predictions from logits), ``score`` and ``write_predictions`` (test predictions beside
+``<run>/test_predictions.jsonl``). Every rank builds the same global batch from the same seed; each data-parallel
+rank takes its share, cut into micro-batches.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
+from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
+from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
-from bio_megatron.tasks.heads import build_head
-from bio_megatron.tasks.model import (Source, apply_source_shape, build_task_model, load_into, resolve_source,
-                                      task_padded_vocab)
+from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
@@ -43,25 +44,11 @@ from bio_megatron.vocab.builtin import resolve_vocab
 log = get_logger(__name__)
 
 
-def make_task(cfg: FinetuneConfig, tokenizer, labels: list[str] | None):
-    if cfg.task == "ner":
-        from bio_megatron.tasks.ner import NerTask
-        return NerTask(cfg, tokenizer, labels)
-    if cfg.task == "re":
-        from bio_megatron.tasks.re import ReTask
-        return ReTask(cfg, tokenizer, labels)
-    if cfg.task == "classify":
-        from bio_megatron.tasks.classify import ClassifyTask
-        return ClassifyTask(cfg, tokenizer, labels)
-    from bio_megatron.tasks.qa import QaTask
-    return QaTask(cfg, tokenizer)
-
-
 def _to_device(batch: dict) -> dict:
     return {k: v.cuda(non_blocking=True) for k, v in batch.items()} if torch.cuda.is_available() else batch
 
 
-def forward_step(data_iterator, model, task, keep_outputs: bool):
+def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
     """One micro-batch through encoder + head; on the last stage the task loss (and, for evaluation, the
     per-example predictions) are reported."""
     b = _to_device(next(data_iterator))
@@ -78,7 +65,7 @@ def forward_step(data_iterator, model, task, keep_outputs: bool):
 class Batches:
     """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
 
-    def __init__(self, task, cfg: FinetuneConfig):
+    def __init__(self, task: Task, cfg: FinetuneConfig):
         m = cfg.model
         self.task, self.seed = task, cfg.trainer.seed
         self.mbs, self.gbs = m.micro_batch_size, m.global_batch_size
@@ -88,7 +75,7 @@ class Batches:
         self.steps_per_epoch = max(1, n // self.gbs)
         self.state: LoopState | None = None  # run_batches reads seq_length from it
 
-    def _micro(self, split, indices: list[int]) -> list[dict]:
+    def _micro(self, split: Split, indices: list[int]) -> list[dict]:
         seq = max(self.task.length(split, max(i, 0)) for i in indices)
         seq = min(self.max_len, int(math.ceil(seq / 8) * 8))  # same on every rank: one p2p shape per step
         self.state.seq_length = seq
@@ -103,7 +90,7 @@ class Batches:
         idx = [perm[(within * self.gbs + k) % n] for k in range(self.gbs)]
         return self._micro(self.task.train, idx)
 
-    def eval_groups(self, split, n: int):
+    def eval_groups(self, split: Split, n: int):
         """All examples in groups of ``micro x DP`` (padded with index -1 rows that are dropped later)."""
         size = self.mbs * self.dp
         for start in range(0, n, size):
@@ -112,7 +99,7 @@ class Batches:
 
 
 @torch.no_grad()
-def predict_split(state: LoopState, batches: Batches, split, n: int, losses: list | None = None) -> list:
+def predict_split(state: LoopState, batches: Batches, split: Split, n: int, losses: list | None = None) -> list:
     """Per-example outputs of ``split`` in order, gathered from the last stage's TP-rank-0 processes.
     ``losses`` (collective): gets the mean task loss over the split's micro-batches appended (NeMo's val_loss;
     the padding rows of the last group repeat example 0)."""
@@ -155,7 +142,7 @@ def _no_examples(cfg: FinetuneConfig, name: str, file: str) -> DataError:
                      "fine-tuning needs at least one", str(Path(d.data_dir) / file))
 
 
-def require_examples(cfg: FinetuneConfig, task) -> None:
+def require_examples(cfg: FinetuneConfig, task: Task) -> None:
     """Zero usable examples in a split is an error naming its file: training on nothing, or choosing a "best"
     model on an empty dev set, would report success on no evidence. (Reads train and dev now, before any
     process group exists, so a bad file fails fast on every rank alike.) The test file (and a BioASQ golden
@@ -198,14 +185,13 @@ def setup(cfg: FinetuneConfig):
         same_task = same_head(cfg, src.labels)
     if same_task:
         adopt_head_structure(m, src)
-    task = make_task(cfg, tokenizer, src.labels if same_task else None)
+    task = TASKS[cfg.task](cfg, tokenizer, src.labels if same_task else None)
     require_examples(cfg, task)
     world = init_distributed()
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)
-    head = task.build_head(m) if hasattr(task, "build_head") else build_head(cfg.task, m, m.shape().hidden_size,
-                                                                              task.num_classes)
+    head = task.build_head(m)
     model = build_task_model(m, padded, head, dtype, t.seed)
     if src is not None:
         load_into(model, src, encoder_only=not same_task)
@@ -233,7 +219,7 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
         return _finetune(cfg, *built)
 
 
-def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, padded) -> dict:
+def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dtype, padded) -> dict:
     m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
     batches = Batches(task, cfg)
     max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * batches.steps_per_epoch
@@ -269,7 +255,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
         history.extend(saved["history"])
         log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
     meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-            "labels": getattr(task, "labels", None), "compute_dtype": dtype_name(dtype)}
+            "labels": task.labels, "compute_dtype": dtype_name(dtype)}
 
     def evaluate_dev(step: int) -> None:
         if not state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)
@@ -288,7 +274,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
             path = ckpt.save_checkpoint(ckpt_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file,
                                         layout, meta)
             if is_writer:
-                if getattr(task, "labels", None):
+                if task.labels:
                     (path / "label_ids.csv").write_text("\n".join(task.labels) + "\n", encoding="utf-8")
                 if old is not None and Path(old) != path:
                     shutil.rmtree(old, ignore_errors=True)
@@ -359,8 +345,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task, model, ddp, dtype, pa
         batches.state = eval_state
         outputs = predict_split(eval_state, batches, test, len(test.features))
         result["test"] = task.score(test, outputs)
-        if is_writer and hasattr(task, "write_predictions"):  # what `bio-megatron evaluate <task>` reads
-            written = task.write_predictions(test, outputs, run_dir / "test_predictions.jsonl")
+        written = task.write_predictions(test, outputs, run_dir / "test_predictions.jsonl") if is_writer else None
+        if written is not None:  # what `bio-megatron evaluate <task>` reads
             result["test_predictions"] = str(written)
     if is_writer:
         write_json_atomic(run_dir / "results.json", result)

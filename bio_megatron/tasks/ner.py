@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from bio_megatron.evaluation.conlleval import evaluate_sequences
-from bio_megatron.tasks.heads import token_loss
+from bio_megatron.models.heads import build_head, token_loss
 from bio_megatron.tasks.ner_data import (IGNORE_INDEX, NerFeature, Sentence, build_label_map, class_weights,
                                          encode_sentences, read_iob, read_nemo, word_predictions)
 from bio_megatron.utils.errors import DataError
@@ -32,7 +33,7 @@ class NerSplit:
 
 
 class NerTask:
-    """Everything NER-specific the shared fine-tuning loop needs."""
+    """Everything NER-specific the shared fine-tuning loop needs (:class:`~bio_megatron.tasks.protocol.Task`)."""
 
     name = "ner"
     metric = "f1"
@@ -72,6 +73,9 @@ class NerTask:
     def num_classes(self) -> int:
         return len(self.labels)
 
+    def build_head(self, model_cfg) -> nn.Module:
+        return build_head(self.name, model_cfg, model_cfg.shape().hidden_size, self.num_classes)
+
     def length(self, split: NerSplit, i: int) -> int:
         return len(split.features[i].input_ids)
 
@@ -94,9 +98,13 @@ class NerTask:
         return token_loss(logits, batch["labels"], w)
 
     def outputs(self, logits: torch.Tensor, batch: dict) -> list:
+        return self.decode(self.d, logits, batch["attention_mask"])
+
+    @staticmethod
+    def decode(dataset_cfg, logits: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         """Per-example argmax label ids over the real (unpadded) positions."""
         pred = logits.argmax(-1).cpu()
-        lens = batch["attention_mask"].sum(-1).tolist()
+        lens = attention_mask.sum(-1).tolist()
         return [pred[r, :L].tolist() for r, L in enumerate(lens)]
 
     def word_tags(self, split: NerSplit, outputs: list) -> list[list[str]]:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from bio_megatron.evaluation.bioasq import build_submission, factoid_scores, submission_answers
 from bio_megatron.evaluation.squad import evaluate as squad_evaluate
-from bio_megatron.tasks.heads import spanning_loss
+from bio_megatron.models.heads import build_head, spanning_loss
 from bio_megatron.tasks.qa_data import (QAExample, QAFeature, build_features, load_json, postprocess,
                                         read_bioasq_golden, read_squad)
 from bio_megatron.tasks.qa_holdout import golden_from_answers, held_out_ids
@@ -37,11 +38,14 @@ def _restrict(dataset: dict, qids: set[str]) -> dict:
 
 
 class QaTask:
+    """Extractive QA for the shared fine-tuning loop (:class:`~bio_megatron.tasks.protocol.Task`)."""
+
     name = "qa"
     labels = None
     num_classes = 2
 
-    def __init__(self, cfg, tokenizer):
+    def __init__(self, cfg, tokenizer, labels: list[str] | None = None):
+        # ``labels``: the registry's common signature; a span head has none (a restored QA model's are None)
         self.d = cfg.model.dataset
         self.tokenizer = tokenizer
         self.metric = "mrr" if self.d.bioasq_golden else "f1"
@@ -85,6 +89,9 @@ class QaTask:
             self.splits[name] = self._split(file, self.d.max_eval_examples, training=False)
         return self.splits[name]
 
+    def build_head(self, model_cfg) -> nn.Module:
+        return build_head(self.name, model_cfg, model_cfg.shape().hidden_size, self.num_classes)
+
     def length(self, split: QaSplit, i: int) -> int:
         return len(split.features[i].input_ids)
 
@@ -105,7 +112,12 @@ class QaTask:
         return spanning_loss(logits, batch["start"], batch["end"])
 
     def outputs(self, logits: torch.Tensor, batch: dict) -> list:
-        lens = batch["attention_mask"].sum(-1).tolist()
+        return self.decode(self.d, logits, batch["attention_mask"])
+
+    @staticmethod
+    def decode(dataset_cfg, logits: torch.Tensor, attention_mask: torch.Tensor) -> list[tuple[list, list]]:
+        """Per-feature (start logits, end logits) over the real (unpadded) positions."""
+        lens = attention_mask.sum(-1).tolist()
         return [(logits[r, :L, 0].tolist(), logits[r, :L, 1].tolist()) for r, L in enumerate(lens)]
 
     def answers(self, split: QaSplit, outputs: list) -> tuple[dict, dict, dict]:
@@ -122,3 +134,7 @@ class QaTask:
         version = "2.0" if self.d.version_2_with_negative else "1.1"
         scores = squad_evaluate(split.dataset, predictions, version)
         return scores
+
+    def write_predictions(self, split: QaSplit, outputs: list, path: Path) -> Path | None:
+        """None: QA writes no prediction file here (``predict qa`` writes answers and n-best lists)."""
+        return None

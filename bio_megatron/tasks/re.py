@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores
+from bio_megatron.models.heads import build_head
 from bio_megatron.tasks.re_data import RelationExample, read_relations
 from bio_megatron.utils.errors import DataError
 
@@ -25,7 +27,8 @@ class ReSplit:
 
 
 class ReTask:
-    """ChemProt as NeMo's text classification: the label set is ``false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9``."""
+    """ChemProt as NeMo's text classification: the label set is ``false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9``
+    (:class:`~bio_megatron.tasks.protocol.Task`)."""
 
     name = "re"
     metric = "f1"
@@ -63,6 +66,9 @@ class ReTask:
     def num_classes(self) -> int:
         return len(self.labels)
 
+    def build_head(self, model_cfg) -> nn.Module:
+        return build_head(self.name, model_cfg, model_cfg.shape().hidden_size, self.num_classes)
+
     def length(self, split: ReSplit, i: int) -> int:
         return len(split.features[i])
 
@@ -82,8 +88,17 @@ class ReTask:
         return F.cross_entropy(logits.float(), batch["label"], weight=w)
 
     def outputs(self, logits: torch.Tensor, batch: dict) -> list:
+        return self.decode(self.d, logits, batch["attention_mask"])
+
+    @staticmethod
+    def decode(dataset_cfg, logits: torch.Tensor, attention_mask: torch.Tensor) -> list[int]:
+        """Per-example argmax label ids."""
         return logits.argmax(-1).tolist()
 
     def score(self, split: ReSplit, outputs: list) -> dict:
         """Micro precision/recall/F1 over the positive classes (fractions), negatives excluded."""
         return chemprot_scores([e.label for e in split.examples], [self.labels[o] for o in outputs])
+
+    def write_predictions(self, split: ReSplit, outputs: list, path: Path) -> Path | None:
+        """None: RE writes no prediction file (its test scores are computed in-process, in results.json)."""
+        return None

@@ -12,12 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from architectures.test_hf_bert import _export_finetuned
-from finetune.ft_runs import finetune_rank
+from architectures.hf_parity import (ROOT, VOCAB_FILE, encoder_hidden_diff, finetune_ner_and_export,
+                                     masked_max_diff, padded_batch, perturb_norms_and_biases, vocab_lines)
 from harness import run_world
 
-ROOT = Path(__file__).resolve().parents[2]
-VOCAB_FILE = ROOT / "bio_megatron" / "resources" / "vocab" / "bert_base_cased_vocab.txt"  # 28,996 -> 29,056
 SEQ, H, G = 32, 64, 32
 EPS = 1e-7  # not ELECTRA's 1e-12: shows layer_norm_eps is carried over
 
@@ -36,13 +34,7 @@ def _configs(vocab: int):
 
 
 def _batch(vocab: int):
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    ids = torch.randint(5, vocab, (3, SEQ), generator=g)
-    lens = torch.tensor([SEQ, 21, 9])
-    amask = (torch.arange(SEQ)[None] < lens[:, None]).long()
-    types = (torch.arange(SEQ)[None] >= (lens[:, None] // 2)).long() * amask
+    ids, amask, types = padded_batch(vocab, SEQ, (SEQ, 21, 9))
     return ids * amask, amask, types
 
 
@@ -53,16 +45,14 @@ def _make_and_import(root: str) -> dict:
 
     from bio_megatron.export.hf import import_hf
 
-    vocab = sum(1 for _ in open(VOCAB_FILE, encoding="utf-8"))
+    vocab = vocab_lines()
     dcfg, gcfg = _configs(vocab)
     torch.manual_seed(0)
     models = {"disc": ElectraForPreTraining(dcfg).eval(), "gen": ElectraForMaskedLM(gcfg).eval()}
-    with torch.no_grad():  # LayerNorm gains and all biases too, so that no mapping hides behind 1s and 0s
-        for hf in models.values():
-            for name, p in hf.named_parameters():
-                if "LayerNorm" in name or name.endswith("bias"):
-                    p.add_(torch.randn(p.shape) * 0.1)
-        # ELECTRA shares one embedding: the generator's copy is the discriminator's (its LM head stays tied)
+    for hf in models.values():
+        perturb_norms_and_biases(hf)
+    # ELECTRA shares one embedding: the generator's copy is the discriminator's (its LM head stays tied)
+    with torch.no_grad():
         models["gen"].electra.embeddings.load_state_dict(models["disc"].electra.embeddings.state_dict())
     ids, amask, types = _batch(vocab)
     out = {"vocab": vocab}
@@ -85,7 +75,7 @@ def _our_logits(ckpt: str, tp: int) -> dict | None:
 
     from bio_megatron.export.hf_electra import electra_forward, load_electra
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.source import resolve_source
 
     init_distributed()
     init_model_parallel(tp, 1, seed=1)
@@ -102,8 +92,7 @@ def _our_logits(ckpt: str, tp: int) -> dict | None:
 
 
 def _diff(got, ref, vocab: int) -> float:
-    valid = _batch(vocab)[1].bool().numpy()  # padded query rows differ by design (masked in megatron)
-    return float(abs(got - ref)[valid].max())
+    return masked_max_diff(got, ref, _batch(vocab)[1].bool().numpy())
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +170,7 @@ def _export_pretrained(ckpt: str, out: str) -> dict:
     from bio_megatron.export.hf import export_hf
     from bio_megatron.export.hf_electra import electra_forward, load_electra
     from bio_megatron.interchange.verify import fixed_batch
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.source import resolve_source
 
     export_hf(ckpt, out)
     model, m, tok = load_electra(resolve_source(ckpt))
@@ -216,29 +205,18 @@ def _finetune_sources(root: str) -> dict:
     states equal transformers' discriminator's."""
     import numpy as np
     import torch
-    from torch import nn
 
-    from bio_megatron.config.finetune import NerModelConfig
     from bio_megatron.export.hf import import_hf
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.tasks.model import apply_source_shape, build_task_model, load_into, resolve_source
 
     alone = import_hf(f"{root}/disc", f"{root}/ckpt_disc_only", verify=True)
     init_distributed()
     init_model_parallel(1, 1, seed=1)
-    vocab = sum(1 for _ in open(VOCAB_FILE, encoding="utf-8"))
-    ids, amask, types = _batch(vocab)
+    ids, amask, types = _batch(vocab_lines())
     theirs = torch.from_numpy(np.load(f"{root}/hidden.npy"))
     out = {"alone": alone}
     for name in ("ckpt", "ckpt_disc_only", "disc"):
-        src = resolve_source(f"{root}/{name}")
-        m = NerModelConfig(hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local")
-        apply_source_shape(m, src)
-        model = build_task_model(m, src.padded_vocab or 29056, nn.Identity(), torch.float32, seed=0,
-                                 pre_process=True, post_process=True).eval()
-        load_into(model, src, encoder_only=True)
-        with torch.no_grad():
-            out[name] = float((model(ids, amask, types) - theirs)[amask.bool()].abs().max())
+        out[name] = encoder_hidden_diff(f"{root}/{name}", ids, amask, types, theirs)
     return out
 
 
@@ -253,16 +231,8 @@ def test_finetune_ner_starts_from_the_discriminator(imported, tmp_path):
     assert alone["verify"]["verified"] and set(alone["verify"]["outputs"]) == {"discriminator"}, alone["verify"]
     assert all(v < 1e-4 for v in res.values()), res
     print(f"electra -> fine-tuning encoder: max |ours - transformers' hidden states| {res}")
-    over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
-            "model.dataset.test_file=null", "model.dataset.max_seq_length=64",
-            f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=ner", f"model.restore_from_path={root / 'ckpt'}"]
-    (run,) = run_world(1, finetune_rank, "ner", over)
-    assert len(run["losses"]) == 3 and all(0.0 < v < 10.0 for v in run["losses"]), run["losses"]
-    saved = (tmp_path / "ner" / "checkpoints").rglob("config.yaml")
-    assert any("transformer_block_type: post_ln" in p.read_text() for p in saved)
     # an ELECTRA-initialised fine-tuned model is a post-LN BERT encoder + head: the plain BertFor* class
-    (exp,) = run_world(1, _export_finetuned, str(tmp_path / "ner" / "checkpoints"), str(tmp_path / "hf_ner"))
-    assert exp["class"] == "BertForTokenClassification" and exp["scale"] > 0.01 and exp["diff"] < 1e-4, exp
+    exp = finetune_ner_and_export(root / "ckpt", tmp_path)
     print(f"electra -> finetune ner -> BertForTokenClassification: max |diff| {exp['diff']:.2e}; "
           f"discriminator-only --verify {alone['verify']['outputs']}")
 

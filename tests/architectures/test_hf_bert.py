@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
-from finetune.ft_runs import finetune_rank
+from architectures.hf_parity import (VOCAB_FILE, encoder_hidden_diff, finetune_ner_and_export,
+                                     imported as import_fixture, masked_max_diff, padded_batch,
+                                     perturb_norms_and_biases, pipeline_logits, vocab_lines)
 from harness import run_world
 
-ROOT = Path(__file__).resolve().parents[2]
-VOCAB_FILE = ROOT / "bio_megatron" / "resources" / "vocab" / "bert_base_cased_vocab.txt"  # 28,996: padded to 29,056
 SEQ = 48
 EPS = 1e-7  # not BERT's 1e-12: shows layer_norm_eps is carried over
 
@@ -23,16 +23,13 @@ def _make_hf(folder: str) -> dict:
     import torch
     from transformers import BertConfig, BertForPreTraining
 
-    vocab = sum(1 for _ in open(VOCAB_FILE, encoding="utf-8"))
+    vocab = vocab_lines()
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                      intermediate_size=256, max_position_embeddings=64, type_vocab_size=2, layer_norm_eps=EPS,
                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, initializer_range=0.2)
     hf = BertForPreTraining(cfg).eval()
-    with torch.no_grad():  # LayerNorm gains and all biases too, so that no mapping hides behind 1s and 0s
-        for name, p in hf.named_parameters():
-            if "LayerNorm" in name or name.endswith("bias"):
-                p.add_(torch.randn(p.shape) * 0.1)
+    perturb_norms_and_biases(hf)
     hf.save_pretrained(folder)
     (Path(folder) / "vocab.txt").write_text(VOCAB_FILE.read_text(encoding="utf-8"), encoding="utf-8")
     ids, amask, types = _batch(vocab)
@@ -43,63 +40,12 @@ def _make_hf(folder: str) -> dict:
 
 
 def _batch(vocab: int):
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    ids = torch.randint(5, vocab, (3, SEQ), generator=g)
-    lens = torch.tensor([SEQ, 41, 24])
-    amask = (torch.arange(SEQ)[None] < lens[:, None]).long()
-    types = (torch.arange(SEQ)[None] >= (lens[:, None] // 2)).long() * amask
-    return ids, amask, types
-
-
-def _import(hf_dir: str, out: str) -> dict:
-    from bio_megatron.export.hf import import_hf
-
-    return import_hf(hf_dir, out)
+    return padded_batch(vocab, SEQ, (SEQ, 41, 24))
 
 
 def _our_logits(ckpt: str, tp: int, pp: int, attention: str = "unfused"):
     """MLM logits (gathered over TP) and NSP logits of the imported checkpoint at this layout, on the last stage."""
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.tasks.model import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-
-    init_distributed()
-    init_model_parallel(tp, pp, seed=1)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                    bert_binary_head=True, hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local",
-                    attention_backend=attention)
-    m.make_vocab_size_divisible_by = src.padded_vocab // tp  # the saved padding, sharded over TP
-    vocab = sum(1 for _ in open(src.vocab_file, encoding="utf-8"))
-    model = build_model(m, vocab).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    ids, amask, types = _batch(vocab)
-
-    def step(_, mdl):
-        out = mdl(ids, amask, tokentype_ids=types)
-        if not ps.is_pipeline_last_stage():
-            return out, None  # hidden states for the next stage
-        logits, nsp = out
-        return logits, lambda t, non_loss_data=True: (gather_from_tensor_model_parallel_region(t), nsp)
-
-    with torch.no_grad():
-        data = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([None]), model=[model],
-                                           num_microbatches=1, seq_length=SEQ, micro_batch_size=3,
-                                           forward_only=True, collect_non_loss_data=True)
-    if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0):
-        return None
-    logits, nsp = data[0]
-    return {"mlm": logits[..., :vocab].numpy(), "nsp": nsp.numpy(), "padded_max": logits[..., vocab:].max().item(),
-            "block_type": m.transformer_block_type}
+    return pipeline_logits(ckpt, tp, pp, _batch, binary_head=True, attention=attention)
 
 
 def _export_and_reload(ckpt: str, out: str) -> dict:
@@ -119,16 +65,12 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_bert")
-    (ref,) = run_world(1, _make_hf, str(root / "hf"))
-    (info,) = run_world(1, _import, str(root / "hf"), str(root / "ckpt"))
-    assert info["task"] is None
-    return root, ref
+    return import_fixture(tmp_path_factory, "hf_bert", _make_hf)
 
 
 def _diffs(got: dict, ref: dict) -> tuple[float, float]:
-    valid = _batch(ref["vocab"])[1].bool().numpy()  # padded query rows differ by design (masked in megatron)
-    return float(abs(got["mlm"] - ref["mlm"])[valid].max()), float(abs(got["nsp"] - ref["nsp"]).max())
+    valid = _batch(ref["vocab"])[1].bool().numpy()
+    return masked_max_diff(got["mlm"], ref["mlm"], valid), float(abs(got["nsp"] - ref["nsp"]).max())
 
 
 @pytest.mark.parametrize("tp,pp,attention", [(1, 1, "unfused"), (2, 2, "unfused"), (1, 1, "sdpa")],
@@ -160,7 +102,7 @@ def test_export_loads_in_transformers_with_same_logits(imported):
     ({"model_type": "roberta"}, "RoBERTa imports as"),  # a Bert* class under model_type roberta
 ])
 def test_refuses_configs_it_cannot_reproduce(imported, tmp_path, change, message):
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported
@@ -175,15 +117,12 @@ def _bare_encoder_parity(hf_dir: str, ckpt: str) -> dict:
     fine-tuning model (encoder + identity head = the last hidden states), from the checkpoint and from the
     HF folder itself: both equal transformers' ``last_hidden_state``."""
     import torch
-    from torch import nn
     from transformers import BertConfig, BertModel
 
-    from bio_megatron.config.finetune import NerModelConfig
     from bio_megatron.export.hf import import_hf
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.tasks.model import apply_source_shape, build_task_model, load_into, resolve_source
 
-    vocab = sum(1 for _ in open(VOCAB_FILE, encoding="utf-8"))
+    vocab = vocab_lines()
     torch.manual_seed(1)
     cfg = BertConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
@@ -197,19 +136,8 @@ def _bare_encoder_parity(hf_dir: str, ckpt: str) -> dict:
     ids, amask, types = _batch(vocab)
     with torch.no_grad():
         theirs = hf(input_ids=ids, attention_mask=amask, token_type_ids=types).last_hidden_state
-    valid = amask.bool()
-    out = {}
-    for name, path in (("checkpoint", ckpt), ("hf_folder", hf_dir)):
-        src = resolve_source(path)
-        m = NerModelConfig(hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local")
-        apply_source_shape(m, src)
-        model = build_task_model(m, src.padded_vocab or 29056, nn.Identity(), torch.float32, seed=0,
-                                 pre_process=True, post_process=True).eval()
-        load_into(model, src, encoder_only=True)
-        with torch.no_grad():
-            ours = model(ids, amask, types)
-        out[name] = float((ours - theirs)[valid].abs().max())
-    return out
+    return {name: encoder_hidden_diff(path, ids, amask, types, theirs)
+            for name, path in (("checkpoint", ckpt), ("hf_folder", hf_dir))}
 
 
 def test_bare_bert_encoder_imports_with_equal_hidden_states(tmp_path):
@@ -217,34 +145,6 @@ def test_bare_bert_encoder_imports_with_equal_hidden_states(tmp_path):
     assert res["checkpoint"] < 1e-4 and res["hf_folder"] < 1e-4, res
 
 
-def _export_finetuned(ckpt: str, out: str) -> dict:
-    import torch
-    from transformers import AutoTokenizer, BertForTokenClassification
-
-    from bio_megatron.export.hf import export_hf
-    from bio_megatron.predict.common import load_finetuned
-
-    info = export_hf(ckpt, out)
-    tok = AutoTokenizer.from_pretrained(out)
-    enc = tok(["Naloxone reverses the effect of clonidine.", "Cocaine"], padding=True, return_tensors="pt")
-    loaded = load_finetuned(ckpt)
-    hf = BertForTokenClassification.from_pretrained(out).eval()
-    with torch.no_grad():
-        ours = loaded.model(enc["input_ids"], enc["attention_mask"], torch.zeros_like(enc["input_ids"]))
-        theirs = hf(**enc).logits
-    valid = enc["attention_mask"].bool()
-    return {"class": info["class"], "diff": float((ours - theirs)[valid].abs().max()),
-            "scale": float(ours[valid].abs().max())}
-
-
 def test_finetune_ner_from_imported_bert_and_export(imported, tmp_path):
     root, _ = imported
-    over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
-            "model.dataset.test_file=null", "model.max_position_embeddings=64", "model.dataset.max_seq_length=64",
-            f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=ner", f"model.restore_from_path={root / 'ckpt'}"]
-    (res,) = run_world(1, finetune_rank, "ner", over)
-    assert len(res["losses"]) == 3 and all(0.0 < v < 10.0 for v in res["losses"]), res["losses"]
-    saved = (tmp_path / "ner" / "checkpoints").rglob("config.yaml")
-    assert any("transformer_block_type: post_ln" in p.read_text() for p in saved)
-    (exp,) = run_world(1, _export_finetuned, str(tmp_path / "ner" / "checkpoints"), str(tmp_path / "hf_ner"))
-    assert exp["class"] == "BertForTokenClassification" and exp["scale"] > 0.01 and exp["diff"] < 1e-4, exp
+    finetune_ner_and_export(root / "ckpt", tmp_path, "model.max_position_embeddings=64")

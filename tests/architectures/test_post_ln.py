@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from architectures.hf_parity import export_mlm
 from harness import run_world
 
 from engine.pretrain_runs import losses, overrides, pretrain_rank
@@ -89,41 +90,12 @@ def test_post_ln_sharded_keys_per_stage():
                 or "pre_mlp_layernorm" in k or "linear_qkv.layer_norm" in k]
 
 
-def _export_mlm(ckpt: str, out: str) -> dict:
-    """``export hf`` of an engine-trained post-LN checkpoint -> BertForMaskedLM with our MLM logits."""
-    import torch
-    from transformers import BertForMaskedLM
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.export.hf import export_hf
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.tasks.model import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-
-    info = export_hf(ckpt, out)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, hidden_dropout=0.0, attention_dropout=0.0)
-    m.make_vocab_size_divisible_by = src.padded_vocab
-    vocab = sum(1 for _ in open(src.vocab_file, encoding="utf-8"))
-    model = build_model(m, vocab, pre_process=True, post_process=True).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    ids = torch.randint(5, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    mask[1, 12:] = 0
-    hf = BertForMaskedLM.from_pretrained(out).eval()
-    with torch.no_grad():
-        ours, _ = model(ids, mask, tokentype_ids=torch.zeros_like(ids))
-        theirs = hf(input_ids=ids, attention_mask=mask).logits
-    valid = mask.bool()
-    return {"class": info["class"], "diff": float((ours[..., :vocab] - theirs)[valid].abs().max()),
-            "scale": float(theirs.abs().max())}
-
-
 def test_post_ln_checkpoint_exports_to_bert_for_masked_lm(reference, pubmed_prefix):
     root, _ = reference
     if not (root / "tp2" / "checkpoints").exists():  # test selected alone
         _run(pubmed_prefix, root, "tp2", 2, 2, every=2)
-    (res,) = run_world(1, _export_mlm, str(root / "tp2" / "checkpoints"), str(root / "hf_mlm"))
+    # ``export hf`` of the engine-trained post-LN checkpoint -> BertForMaskedLM with our MLM logits
+    (res,) = run_world(1, export_mlm, str(root / "tp2" / "checkpoints"), str(root / "hf_mlm"), 12)
     assert res["class"] == "BertForMaskedLM" and res["scale"] > 0.1 and res["diff"] < 1e-4, res
 
 

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 
 import pytest
+from architectures.hf_parity import (imported as import_fixture, masked_max_diff, padded_batch,
+                                     perturb_norms_and_biases, pipeline_logits)
 from harness import run_world
 
 SEQ = 24
@@ -37,10 +39,7 @@ def _make_hf(folder: str) -> dict:
                         initializer_range=0.2, pad_token_id=PAD, bos_token_id=0, eos_token_id=2,
                         architectures=["RobertaForMaskedLM"])
     hf = RobertaForMaskedLM(cfg).eval()
-    with torch.no_grad():  # LayerNorm gains and all biases too, so that no mapping hides behind 1s and 0s
-        for name, p in hf.named_parameters():
-            if "norm" in name.lower() or name.endswith("bias"):
-                p.add_(torch.randn(p.shape) * 0.1)
+    perturb_norms_and_biases(hf)
     hf.save_pretrained(folder)
     ids, amask = _batch(vocab)
     with torch.no_grad():
@@ -49,62 +48,14 @@ def _make_hf(folder: str) -> dict:
 
 
 def _batch(vocab: int):
-    """Right-padded: real tokens never the pad id (HF derives positions from ``input_ids != pad``)."""
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    ids = torch.randint(3, vocab, (3, SEQ), generator=g)
+    """Right-padded: real tokens never the pad id (HF derives positions from ``input_ids != pad``); one type."""
+    ids, amask, _ = padded_batch(vocab, SEQ, (SEQ, 17, 9), low=3)
     ids[:, 0] = 0  # <s>
-    lens = torch.tensor([SEQ, 17, 9])
-    amask = (torch.arange(SEQ)[None] < lens[:, None]).long()
     return ids.masked_fill(amask == 0, PAD), amask
 
 
-def _import(hf_dir: str, out: str) -> dict:
-    from bio_megatron.export.hf import import_hf
-
-    return import_hf(hf_dir, out)
-
-
 def _our_logits(ckpt: str, tp: int, pp: int):
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.tasks.model import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-    from bio_megatron.vocab.bpe import load_tokenizer
-
-    init_distributed()
-    init_model_parallel(tp, pp, seed=1)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                    bert_binary_head=False, hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local",
-                    attention_backend="unfused")
-    m.make_vocab_size_divisible_by = src.padded_vocab // tp
-    vocab = load_tokenizer(src.vocab_file).vocab_size
-    model = build_model(m, vocab).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    ids, amask = _batch(vocab)
-
-    def step(_, mdl):
-        out = mdl(ids, amask, tokentype_ids=torch.zeros_like(ids))
-        if not ps.is_pipeline_last_stage():
-            return out, None
-        logits = out[0] if isinstance(out, tuple) else out
-        return logits, lambda t, non_loss_data=True: gather_from_tensor_model_parallel_region(t)
-
-    with torch.no_grad():
-        data = get_forward_backward_func()(forward_step_func=step, data_iterator=iter([None]), model=[model],
-                                           num_microbatches=1, seq_length=SEQ, micro_batch_size=3,
-                                           forward_only=True, collect_non_loss_data=True)
-    if not (ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0):
-        return None
-    return {"mlm": data[0][..., :vocab].numpy(), "shape": src.shape, "vocab_file": Path(src.vocab_file).name}
+    return pipeline_logits(ckpt, tp, pp, _batch, binary_head=False)
 
 
 def _export_and_reload(ckpt: str, out: str) -> dict:
@@ -125,16 +76,11 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hf_roberta")
-    (ref,) = run_world(1, _make_hf, str(root / "hf"))
-    (info,) = run_world(1, _import, str(root / "hf"), str(root / "ckpt"))
-    assert info["task"] is None
-    return root, ref
+    return import_fixture(tmp_path_factory, "hf_roberta", _make_hf)
 
 
 def _diff(got, ref: dict) -> float:
-    valid = _batch(ref["vocab"])[1].bool().numpy()  # padded query rows differ by design (masked in megatron)
-    return float(abs(got - ref["mlm"])[valid].max())
+    return masked_max_diff(got, ref["mlm"], _batch(ref["vocab"])[1].bool().numpy())
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)], ids=["tp1", "tp2pp2"])
@@ -164,7 +110,7 @@ def test_export_loads_in_transformers_with_same_logits(imported):
 
 
 def test_roberta_task_classes_are_refused(imported, tmp_path):
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported

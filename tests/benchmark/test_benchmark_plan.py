@@ -244,3 +244,50 @@ def test_spread_equals_numpy_and_the_grid_point_is_chosen_on_dev():
         assert st["std"] == pytest.approx(np.std(x, ddof=1), abs=1e-12)  # sample s.d., as statistics.stdev
         assert (st["min"], st["max"], st["n"]) == (x.min(), x.max(), 3)
     assert row["selected"]["dev_mean"] == pytest.approx(statistics.fmean(c["record"]["dev_value"] for c in cells[3:]))
+
+
+def test_paper_tables_give_the_models_parameters_and_vocabulary(tmp_path):
+    """The tiny suite model (a random MegatronBert saved by transformers): its parameter count is transformers'
+    own count plus the rows Megatron pads the vocabulary with (word embedding and MLM output bias, h + 1 each)."""
+    from suite_files import make_model
+    from transformers import MegatronBertForMaskedLM
+
+    from bio_megatron.benchmark.report import build_results, model_facts, paper_markdown
+    from bio_megatron.benchmark.suites import PAPER
+
+    model = make_model(tmp_path / "tiny")
+    hf = MegatronBertForMaskedLM.from_pretrained(model)
+    vocab, h = hf.config.vocab_size, hf.config.hidden_size
+    padded = -(-vocab // 128) * 128  # Megatron's make_vocab_size_divisible_by 128
+    facts = model_facts(model)
+    assert facts["parameters"] == hf.num_parameters() + (padded - vocab) * (h + 1)
+    assert (facts["vocab_size"], facts["padded_vocab_size"]) == (28_996, padded)
+    assert facts["vocabulary"] == "BERT-cased (28,996)" and facts["parameters_text"] == "1.0m"
+    scores = {d.key: {1: 80.0, 2: 82.0} for d in PAPER.datasets}
+    manifest, cells = _synthetic(PAPER, (1, 2), scores)
+    md = paper_markdown(build_results(PAPER, manifest, cells, facts))
+    assert "| Benchmark | Model | #Parameters | Vocabulary | Prec | Rec | F1 | Seeds |" in md
+    assert "| ChemProt | x | 1.0m | BERT-cased (28,996) | 81.00 ± 1.41 (median 81.00) |" in md
+    assert f"({facts['parameters']:,} parameters, vocabulary BERT-cased (28,996))" in md
+    assert model_facts(_model(tmp_path)) is None  # an unreadable model leaves the columns empty
+    assert "| ChemProt | x |  |  | 81.00" in paper_markdown(build_results(PAPER, manifest, cells, None))
+
+
+def test_default_seeds_are_the_publications_runs_per_dataset(tmp_path, capsys, monkeypatch):
+    """Without --seeds, BLURB runs ten seeds for BIOSSES, PubMedQA and BioASQ and five for the others (Gu et al.
+    2021, sec. 2.5); the paper suite five everywhere (its paper states none)."""
+    from bio_megatron.benchmark.suites import BLURB, DEFAULT_SEEDS
+
+    monkeypatch.chdir(ROOT)
+    out = _dry(capsys, "blurb", "--model", str(_model(tmp_path)), "--out", str(tmp_path / "s"))
+    cells = [ln.split("]")[1].split(":")[0].split() for ln in out if ln.startswith("[")]  # key, "seed", seed
+    per: dict = {}
+    for key, _, seed in cells:
+        per.setdefault(key, []).append(int(seed))
+    ten = {"biosses", "pubmedqa", "bioasq_yesno"}
+    assert set(per) == {d.key for d in BLURB.datasets}
+    assert all(per[k] == list(DEFAULT_SEEDS[:10 if k in ten else 5]) for k in per), per
+    paper = _dry(capsys, "paper", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "p"),
+                 "--datasets", "chemprot", "--no-grid")
+    assert [ln.split(":")[0].split("seed ")[1] for ln in paper if ln.startswith("[")] == [
+        str(s) for s in DEFAULT_SEEDS[:5]]

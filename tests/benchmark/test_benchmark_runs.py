@@ -97,12 +97,15 @@ def test_paper_suite_killed_after_a_cell_resumes_without_redoing_it(model, tmp_p
         factor = 100.0 if key in ("chemprot", "bioasq_factoid") else 1.0  # ChemProt and BioASQ score fractions
         for k in cols:  # one seed: the table's mean is the run's own score on the 0-100 scale
             assert rows[key]["stats"][k]["mean"] == pytest.approx(raw[k] * factor, abs=1e-9)
-    assert "| Benchmark | Model | Prec | Rec | F1 | Seeds |" in md and "| Benchmark | Model | SAcc | LAcc | MRR | Seeds |" in md
-    assert "| Benchmark | Model | EM | F1 | Seeds |" in md
+    head = "| Benchmark | Model | #Parameters | Vocabulary |"
+    assert f"{head} Prec | Rec | F1 | Seeds |" in md and f"{head} SAcc | LAcc | MRR | Seeds |" in md
+    assert f"{head} EM | F1 | Seeds |" in md
     for title in ("BC5CDR-chem", "ChemProt", "BioASQ-7b factoid", "SQuAD v1.1"):
         line = next(ln for ln in md.splitlines() if ln.startswith(f"| {title} | {model.name} |"))
         assert "±" in line and "median" in line, line
-    assert "| NCBI-disease | tiny-megatron-bert | missing: " in md and "| BC5CDR-disease |" in md
+    # the tiny model's parameters and vocabulary (test_benchmark_plan.py checks the count against transformers')
+    assert "| NCBI-disease | tiny-megatron-bert | 1.0m | BERT-cased (28,996) | missing: " in md
+    assert "| BC5CDR-disease |" in md
 
     saved = {n: (out / n).read_bytes() for n in ("results.json", "results.md")}
     for n in saved:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bio_megatron.cli import main
-from bio_megatron.utils.log import get_logger
+from reliability.cli_log import project_records
 
 ROOT = Path(__file__).resolve().parents[2]
 NEMO = ROOT / "tests" / "fixtures" / "nemo_configs"
@@ -19,19 +19,9 @@ NEMO = ROOT / "tests" / "fixtures" / "nemo_configs"
 
 def _run(argv: list[str], capsys) -> tuple[int, dict | None, list[logging.LogRecord]]:
     """The CLI in this process: exit code, the printed JSON (or None), every record the project logged."""
-    records: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            records.append(record)
-
-    handler = Keep(logging.DEBUG)
-    get_logger().addHandler(handler)
-    try:
-        capsys.readouterr()
+    capsys.readouterr()
+    with project_records() as records:
         rc = main(argv)
-    finally:
-        get_logger().removeHandler(handler)
     out = capsys.readouterr().out
     return rc, (json.loads(out) if out.strip() else None), records
 

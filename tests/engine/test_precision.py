@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ import torch
 from harness import run_world, start_world
 
 from engine.pretrain_runs import TINY, losses, overrides, pretrain_rank
+from engine.test_resume import _wait_for
 
 STEPS = 20
 
@@ -149,15 +149,6 @@ def test_fp16_overflow_skips_steps_and_halves_the_scale(pubmed_prefix, tmp_path)
     assert len(trained) >= 0.8 * (steps - first_update), "training proceeded after the overflows"
     assert all(r["loss"] is not None and r["grad_norm"] > 0 for r in trained)
     assert trained[-1]["loss"] < recs[0]["loss"] - 0.05, "the model learned once updates resumed"
-
-
-def _wait_for(predicate, timeout: float = 120.0) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise TimeoutError("condition not reached")
 
 
 def test_fp16_resume_after_sigterm_matches_uninterrupted(pubmed_prefix, tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bio_megatron.cli import main
+from reliability.cli_log import run_cli
 from bio_megatron.evaluation.blurb import (BIOASQ_YESNO_LABELS, DDI_LABELS, DDI_POSITIVES, HOC_LABELS,
                                            JNLPBA_TAGS, PICO_CLASSES, PICO_TAGS, PUBMEDQA_LABELS,
                                            accuracy_scores, entity_scores, hoc_scores, pearson_scores,
@@ -20,7 +20,6 @@ from bio_megatron.tasks.blurb_data import (read_bioasq_yesno, read_biosses, read
                                            read_pubmedqa_labels)
 from bio_megatron.tasks.blurb_tagging import read_ebm_pico, read_jnlpba, sentences_of
 from bio_megatron.utils.errors import DataError
-from bio_megatron.utils.log import get_logger
 
 metrics = pytest.importorskip("sklearn.metrics")
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,16 +149,8 @@ _CLI = {"pubmedqa": ("PubMedQA/test_ground_truth.json", "PubMedQA/test.pred.json
 
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
     """Exit code, stdout and the messages logged at WARNING and above (where the CLI reports errors)."""
-    logger = get_logger()
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger.addHandler(handler)
-    try:
-        rc = main(argv)
-    finally:
-        logger.removeHandler(handler)
-    return rc, capsys.readouterr().out, " | ".join(r.getMessage() for r in records)
+    rc, msg = run_cli(argv, logging.WARNING, " | ")
+    return rc, capsys.readouterr().out, msg
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -87,7 +87,7 @@ def test_training_scores_each_dataset_as_evaluate_does(task_name, tmp_path):
     predictions, for every dataset: label order, positive classes and HoC's grouping agree."""
     import json
 
-    from bio_megatron.cli.evaluate_blurb import TASKS
+    from bio_megatron.tasks.blurb_scoring import EVALUATORS
     from bio_megatron.evaluation.blurb import as_dict
     from bio_megatron.tasks.classify_data import dataset
 
@@ -106,7 +106,7 @@ def test_training_scores_each_dataset_as_evaluate_does(task_name, tmp_path):
         else:
             outputs.append([v if isinstance(v, int) else data.labels.index(v) for v in r["labels"]])
     reported = as_dict(data.score(examples, outputs), task_name)
-    assert reported == as_dict(TASKS[task_name].score(str(theirs), str(pred)), task_name)
+    assert reported == as_dict(EVALUATORS[task_name].score(str(theirs), str(pred)), task_name)
     written = tmp_path / "pred.jsonl"  # what a run writes for these outputs scores the same again
     written.write_text("".join(json.dumps(data.prediction(e.id, o)) + "\n" for e, o in zip(examples, outputs)))
-    assert as_dict(TASKS[task_name].score(str(theirs), str(written)), task_name) == reported
+    assert as_dict(EVALUATORS[task_name].score(str(theirs), str(written)), task_name) == reported

@@ -61,7 +61,7 @@ def _check(task: str, ckpt: str, out: str, back: str, again: str) -> dict:
 
     from bio_megatron.export import hf_modeling
     from bio_megatron.export.hf import export_hf, import_hf
-    from bio_megatron.predict.common import load_finetuned
+    from bio_megatron.loading.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
     ours_model = load_finetuned(ckpt).model
@@ -195,7 +195,7 @@ def _hf_folder(path, **config) -> str:
 
 
 def test_bad_remote_code_folders_are_named(tmp_path):
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="needs bio_megatron_head"):

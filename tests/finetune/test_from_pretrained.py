@@ -3,6 +3,7 @@ export, at TP1): both give the same losses; the MaskedLM export of that checkpoi
 
 from __future__ import annotations
 
+from architectures.hf_parity import export_mlm
 from ft_runs import finetune_rank
 from harness import run_world
 
@@ -13,37 +14,10 @@ NO_DROP = ["model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.hea
            "model.dataset.test_file=null"]
 
 
-def _export_mlm(ckpt: str, out: str) -> dict:
-    import torch
-    from transformers import MegatronBertForMaskedLM
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.export.hf import export_hf
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.tasks.model import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-
-    info = export_hf(ckpt, out)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, hidden_dropout=0.0, attention_dropout=0.0)
-    m.make_vocab_size_divisible_by = src.padded_vocab
-    vocab = sum(1 for _ in open(src.vocab_file, encoding="utf-8"))
-    model = build_model(m, vocab, pre_process=True, post_process=True).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    ids = torch.randint(5, vocab, (2, 20), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    hf = MegatronBertForMaskedLM.from_pretrained(out).eval()
-    with torch.no_grad():
-        ours, _ = model(ids, mask, tokentype_ids=torch.zeros_like(ids))
-        theirs = hf(input_ids=ids, attention_mask=mask).logits
-    return {"class": info["class"], "diff": (ours[..., :vocab] - theirs).abs().max().item(),
-            "scale": theirs.abs().max().item()}
-
-
 def test_finetune_from_tp2pp2_pretraining_checkpoint_and_its_hf_export(tmp_path, pubmed_prefix):
     run_world(4, pretrain_rank, overrides(pubmed_prefix, tmp_path, "pre", tp=2, pp=2, steps=2, save_last=True))
     ckpt = tmp_path / "pre" / "checkpoints"
-    (mlm,) = run_world(1, _export_mlm, str(ckpt), str(tmp_path / "hf_mlm"))
+    (mlm,) = run_world(1, export_mlm, str(ckpt), str(tmp_path / "hf_mlm"))
     assert mlm["class"] == "MegatronBertForMaskedLM" and mlm["scale"] > 0.1 and mlm["diff"] < 1e-4, mlm
     common = NO_DROP + [f"exp_manager.exp_dir={tmp_path}", "model.max_position_embeddings=64",
                         "model.dataset.max_seq_length=64"]

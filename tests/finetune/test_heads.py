@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from bio_megatron.tasks.heads import (SequenceClassifier, TokenClassifier, pytorch_default_init, spanning_loss,
+from bio_megatron.models.heads import (SequenceClassifier, TokenClassifier, pytorch_default_init, spanning_loss,
                                       token_loss)
 
 

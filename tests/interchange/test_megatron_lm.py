@@ -23,20 +23,10 @@ import pytest
 import torch
 from harness import run_world
 
-from engine.pretrain_runs import overrides, pretrain_rank
 
 CONVERTER = (Path(__file__).resolve().parents[3] / "shared" / "reference" / "hf-convert-megatron-bert"
              / "convert_megatron_bert_checkpoint.py")
 HEADS = 4  # the tiny size
-
-
-@pytest.fixture(scope="module")
-def ours(tmp_path_factory, pubmed_prefix) -> Path:
-    """A tiny BERT with NSP head pretrained 2 steps at TP2 x PP2 (what the Megatron-LM files come from)."""
-    root = tmp_path_factory.mktemp("mlm")
-    run_world(4, pretrain_rank, overrides(pubmed_prefix, root, "tp2pp2", tp=2, pp=2, steps=2, save_last=True,
-                                          extra=("model.bert_binary_head=true",)))
-    return root / "tp2pp2" / "checkpoints"
 
 
 def _batch(vocab: int):

@@ -18,23 +18,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
 import torch
 from finetune.ft_runs import finetune_rank
 from harness import run_world
 
-from engine.pretrain_runs import overrides, pretrain_rank
 from interchange.test_megatron_lm import _outputs
 
 TEXT = "Naloxone reverses the antihypertensive effect of clonidine in rats."
-
-
-@pytest.fixture(scope="module")
-def ours(tmp_path_factory, pubmed_prefix) -> Path:
-    root = tmp_path_factory.mktemp("nemo_pt")
-    run_world(4, pretrain_rank, overrides(pubmed_prefix, root, "tp2pp2", tp=2, pp=2, steps=2, save_last=True,
-                                          extra=("model.bert_binary_head=true",)))
-    return root / "tp2pp2" / "checkpoints"
 
 
 def _members(path: Path) -> list[str]:
@@ -144,7 +134,7 @@ def test_names_and_config_are_nemos(ours, tmp_path):
 
 def _ner_roundtrip(ckpt: str, root: str) -> dict:
     from bio_megatron.interchange.nemo import export_nemo, import_nemo
-    from bio_megatron.predict.common import load_finetuned
+    from bio_megatron.loading.finetuned import load_finetuned
     from bio_megatron.predict.ner import predict_entities
 
     root_p = Path(root)

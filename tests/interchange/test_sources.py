@@ -77,7 +77,7 @@ def test_import_nemo_verify(archive):
 
 
 def _predict_from(nemo: str, ckpt: str) -> dict:
-    from bio_megatron.predict.common import load_finetuned, single_process
+    from bio_megatron.loading.finetuned import load_finetuned, single_process
     from bio_megatron.predict.ner import predict_entities
 
     single_process()
@@ -121,8 +121,8 @@ def _megatron_lm_source(root: str) -> dict:
     from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.predict.common import single_process
-    from bio_megatron.tasks.model import resolve_source
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.source import resolve_source
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     single_process()

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from reliability.cli_log import run_cli
 from reliability.files import tree_digest
-from bio_megatron.cli import main
-from bio_megatron.utils.log import get_logger
 from harness import run_world
 from engine.pretrain_runs import TINY, overrides, pretrain_rank
 from finetune.ft_runs import RECIPES, ROOT
@@ -22,20 +21,9 @@ NER_DATA = ROOT / "tests" / "fixtures" / "finetune"
 
 def _run(argv: list[str], capsys) -> tuple[int, str, str]:
     """The real CLI in this process: exit code, the error it logged, what it printed on stdout."""
-    messages: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            messages.append(record.getMessage())
-
-    handler = Keep(logging.ERROR)
-    get_logger().addHandler(handler)
-    try:
-        capsys.readouterr()
-        rc = main(argv)
-    finally:
-        get_logger().removeHandler(handler)
-    return rc, "\n".join(messages), capsys.readouterr().out
+    capsys.readouterr()
+    rc, messages = run_cli(argv, logging.ERROR, "\n")
+    return rc, messages, capsys.readouterr().out
 
 
 def test_pretrain_dry_run_lists_every_bad_value(capsys):

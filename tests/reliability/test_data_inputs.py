@@ -10,17 +10,15 @@ The Megatron-LM convention itself (``--json-keys``) is checked against our own p
 
 from __future__ import annotations
 
-import hashlib
 import json
-import logging
 from pathlib import Path
 
 import pytest
 
 from reliability.readonly import REFUSED, read_only_dir
 
+from reliability.cli_log import run_cli
 from reliability.files import tree_digest
-from bio_megatron.cli import main
 from bio_megatron.corpus.pubmed import extract_pubmed
 from bio_megatron.corpus.samples import sample_files
 from bio_megatron.corpus.sentences import split_sentences
@@ -28,18 +26,13 @@ from bio_megatron.corpus.sentences import split_sentences
 VOCAB = "bert-base-cased"
 
 
-def _run(argv: list[str]) -> tuple[int, str]:
-    """Run the CLI in-process; return its exit code and what it logged at ERROR (the one-line message)."""
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("bio_megatron")
-    logger.addHandler(handler)
-    try:
-        rc = main(argv)
-    finally:
-        logger.removeHandler(handler)
-    return rc, " ".join(r.getMessage() for r in records)
+def _refused(root: Path, argv: list[str]) -> str:
+    """``bio-megatron argv`` must exit 2 and leave every file under ``root`` as it was; its ERROR message."""
+    before = tree_digest(root)
+    rc, msg = run_cli(argv)
+    assert rc == 2, (rc, msg)
+    assert tree_digest(root) == before
+    return msg
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +43,14 @@ def pubmed_jsonl(tmp_path_factory) -> Path:
     return out
 
 
-def _tokenize(inp: Path | list[Path], prefix: Path, *extra: str) -> tuple[int, str]:
+def _tokenize_args(inp: Path | list[Path], prefix: Path, *extra: str) -> list[str]:
     inputs = [str(p) for p in (inp if isinstance(inp, list) else [inp])]
-    return _run(["data", "tokenize", "--input", *inputs, "--vocab", VOCAB, "--output-prefix", str(prefix),
-                 "--workers", "1", *extra])
+    return ["data", "tokenize", "--input", *inputs, "--vocab", VOCAB, "--output-prefix", str(prefix), "--workers", "1",
+            *extra]
+
+
+def _tokenize(inp: Path | list[Path], prefix: Path, *extra: str) -> tuple[int, str]:
+    return run_cli(_tokenize_args(inp, prefix, *extra))
 
 
 def _assert_nothing_finished(prefix: Path) -> None:
@@ -75,26 +72,19 @@ def test_tokenize_without_a_usable_record_fails(tmp_path, pubmed_jsonl, case):
     out = tmp_path / "out"
     out.mkdir()
     (out / "earlier.bin").write_bytes(b"an unrelated earlier output")
-    before = tree_digest(tmp_path)
-    rc, msg = _tokenize(bad, out / "p")
-    assert rc == 2
+    msg = _refused(tmp_path, _tokenize_args(bad, out / "p"))
     assert f"{bad}:1: {expect}" in msg and "no usable document in 5 non-blank line(s)" in msg
     assert "expected JSON objects with 'id', 'source'" in msg
     _assert_nothing_finished(out / "p")
-    assert tree_digest(tmp_path) == before
 
 
 def test_tokenize_failure_keeps_an_earlier_good_output(tmp_path, pubmed_jsonl):
     prefix = tmp_path / "p"
     assert _tokenize(pubmed_jsonl, prefix)[0] == 0
-    before = tree_digest(tmp_path)
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b'{"id": "y", "sentences": \n\n{"id": "z", "source": "web", "sentences": []}\n')
-    before[bad.name] = hashlib.sha256(bad.read_bytes()).hexdigest()
-    rc, msg = _tokenize(bad, prefix)
-    assert rc == 2
+    msg = _refused(tmp_path, _tokenize_args(bad, prefix))  # the earlier .bin/.idx are still the earlier ones
     assert f"{bad}:1: not valid JSON" in msg and f"{bad}:3: field 'source' must be one of" in msg
-    assert tree_digest(tmp_path) == before  # the earlier .bin/.idx are still the earlier ones
     assert not Path(f"{prefix}.shards").exists() and not Path(f"{prefix}.lock").exists()
 
 
@@ -131,12 +121,9 @@ def test_json_keys_missing_everywhere_names_the_key(tmp_path):
 def test_output_prefix_under_a_regular_file(tmp_path, pubmed_jsonl):
     afile = tmp_path / "somefile.txt"
     afile.write_text("not a folder\n")
-    before = tree_digest(tmp_path)
-    rc, msg = _tokenize(pubmed_jsonl, afile / "x")
-    assert rc == 2
+    msg = _refused(tmp_path, _tokenize_args(pubmed_jsonl, afile / "x"))
     assert f"{afile}/x.lock: cannot create the lock file for output prefix {afile}/x" in msg
     assert f"{afile} is a file, not a folder" in msg
-    assert tree_digest(tmp_path) == before
 
 
 def test_output_prefix_in_a_read_only_folder(tmp_path, pubmed_jsonl):
@@ -154,12 +141,10 @@ def test_pmc_without_a_usable_article_fails(tmp_path):
     broken = tmp_path / "b.nxml"
     broken.write_text("<article><body><p>cut off")
     out = tmp_path / "pmc.jsonl"
-    before = tree_digest(tmp_path)
-    rc, msg = _run(["data", "pmc", "--input", str(nxml), str(broken), "--output", str(out), "--workers", "1"])
-    assert rc == 2
+    # no output JSONL, no temporary file, no lock file
+    msg = _refused(tmp_path, ["data", "pmc", "--input", str(nxml), str(broken), "--output", str(out), "--workers", "1"])
     assert "no usable PMC article among 2: 1 malformed, 1 without body text" in msg
     assert f"{broken}:1: XML parse error" in msg and "expected JATS articles with <body> paragraphs" in msg
-    assert tree_digest(tmp_path) == before  # no output JSONL, no temporary file, no lock file
 
 
 def test_pubmed_without_a_usable_record_fails(tmp_path):
@@ -169,8 +154,5 @@ def test_pubmed_without_a_usable_record_fails(tmp_path):
                    "</PubmedArticle></PubmedArticleSet>\n")
     out = tmp_path / "out.jsonl"
     out.write_text("an earlier output\n")
-    before = tree_digest(tmp_path)
-    rc, msg = _run(["data", "pubmed", "--input", str(xml), "--output", str(out), "--workers", "1"])
-    assert rc == 2
+    msg = _refused(tmp_path, ["data", "pubmed", "--input", str(xml), "--output", str(out), "--workers", "1"])
     assert f"{xml}: no usable PubMed record: 1 <PubmedArticle> record(s), 1 with an empty abstract" in msg
-    assert tree_digest(tmp_path) == before

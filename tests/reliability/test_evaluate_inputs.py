@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bio_megatron.cli import main
-from bio_megatron.utils.log import get_logger
+from reliability.cli_log import run_cli
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 SQUAD = FIX / "qa" / "squad_v2_dev_slice.json"
@@ -32,17 +31,9 @@ BIOASQ = FIX / "bioasq"
 
 
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
-    """Run the CLI in-process: exit code, stdout, and the messages logged at WARNING and above."""
-    logger = get_logger()  # configures the project logger first, which would drop a handler added before
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.WARNING)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger.addHandler(handler)
-    try:
-        rc = main(argv)
-    finally:
-        logger.removeHandler(handler)
-    return rc, capsys.readouterr().out, " | ".join(r.getMessage() for r in records)
+    """Exit code, stdout and the messages logged at WARNING and above (where the CLI reports errors)."""
+    rc, msg = run_cli(argv, logging.WARNING, " | ")
+    return rc, capsys.readouterr().out, msg
 
 
 def _refused(capsys, argv: list[str], *needles: str) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -22,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from reliability.cli_log import run_cli
 from reliability.files import tree_digest
-from bio_megatron.cli import main
 from bio_megatron.corpus.pmc import extract_pmc
 from bio_megatron.corpus.pubmed import extract_pubmed
 from bio_megatron.corpus.samples import sample_files
@@ -127,18 +126,6 @@ def test_a_killed_holder_does_not_block_a_rerun(tmp_path, corpus, solo):
     assert not lock.exists()
 
 
-def _cli_error(argv: list[str]) -> tuple[int, str]:
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logging.getLogger("bio_megatron").addHandler(handler)
-    try:
-        rc = main(argv)
-    finally:
-        logging.getLogger("bio_megatron").removeHandler(handler)
-    return rc, " ".join(r.getMessage() for r in records)
-
-
 @pytest.mark.parametrize("step", ["pubmed", "pmc"])
 def test_extraction_into_a_busy_output_is_refused(tmp_path, step):
     out = tmp_path / f"{step}.jsonl"
@@ -146,7 +133,7 @@ def test_extraction_into_a_busy_output_is_refused(tmp_path, step):
     before = tree_digest(tmp_path)
     # flock belongs to the open file, so a second open in this same process conflicts like another process
     with exclusive_lock(f"{out}.lock", "a test holding the output"):
-        rc, msg = _cli_error(["data", step, "--input", *map(str, sample_files()[step]), "--output", str(out),
+        rc, msg = run_cli(["data", step, "--input", *map(str, sample_files()[step]), "--output", str(out),
                               "--workers", "1"])
         assert rc == 2
         assert msg == (f"{out}.lock: output {out} is in use by PID {os.getpid()} on host {socket.gethostname()} "

@@ -12,7 +12,6 @@ ends without a BrokenPipeError traceback.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -22,10 +21,10 @@ import pytest
 
 from reliability.readonly import read_only_dir
 
+from reliability.cli_log import run_cli as _run  # the CLI in-process: exit code and its ERROR line
 from reliability.files import tree_digest
 from bio_megatron.cli import main
 from bio_megatron.utils.io import OUTPUT_MARKER
-from bio_megatron.utils.log import setup_logging
 
 REPO = Path(__file__).resolve().parents[2]
 WORDS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "and", "cell", "gene"]
@@ -35,21 +34,6 @@ WORDS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "and", "cel
 def _siblings(target: Path) -> list[str]:
     """Temporary or set-aside folders we might have left beside ``target``."""
     return sorted(p.name for p in target.parent.iterdir() if p.name.startswith(f".{target.name}."))
-
-
-def _run(argv: list[str]) -> tuple[int, str]:
-    """The CLI in-process (refusals happen before any heavy work); exit code and the ERROR line."""
-    setup_logging()  # first use clears the project logger's handlers: configure it before adding ours
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.ERROR)
-    handler.emit = records.append  # type: ignore[method-assign]
-    logger = logging.getLogger("bio_megatron")
-    logger.addHandler(handler)
-    try:
-        rc = main(argv)
-    finally:
-        logger.removeHandler(handler)
-    return rc, " ".join(r.getMessage() for r in records)
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:

@@ -3,10 +3,11 @@
 * :class:`TokenClassifier` (NER, and QA with 2 classes): dropout on every token's hidden state, then an
   MLP of ``num_fc_layers`` Linear layers (the count includes the output layer), activation between.
   Module names follow NeMo's ``MultiLayerPerceptron`` (``mlp.layer0``, ``mlp.layer2``, ...).
-* :class:`SequenceClassifier` (RE): the same over the [CLS] position.
+* :class:`SequenceClassifier` (RE, BLURB classify): the same over the [CLS] position.
 * :func:`spanning_loss`: QA's mean of the start and end cross entropies.
 
 The paper's ``fc_hidden_size`` sets the width of the hidden layers (NeMo always used the encoder width).
+Model parts, below fine-tuning and loading alike: ``loading`` builds a checkpoint's head with :func:`build_head`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def pytorch_default_init(head: nn.Module, prefix: str, seed: int) -> None:
 
 def build_head(task: str, model_cfg, hidden_size: int, num_classes: int) -> nn.Module:
     """The head a task config asks for (``model.head`` / ``model.classifier_head`` + ``model.fc_hidden_size``)."""
-    if task == "re":
+    if task in ("re", "classify"):  # NeMo's SequenceClassifier names (model.classifier_head)
         h = model_cfg.classifier_head
         return SequenceClassifier(hidden_size, num_classes, h.num_output_layers, model_cfg.fc_hidden_size,
                                   h.activation, h.fc_dropout, h.use_transformer_init)

@@ -1,0 +1,77 @@
+"""A Hugging Face folder's weights and task config in our terms: what ``finetune`` / ``predict`` / ``import hf``
+load from an HF folder (``MegatronBert*`` / ``Bert*``, RoBERTa, an ELECTRA discriminator, or the remote-code
+``BioMegatronFor*`` classes of :mod:`bio_megatron.export.hf_modeling`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bio_megatron.config.sizes import ModelShape
+from bio_megatron.loading.hf_heads import PLAIN_CLASS, apply_head, hf_to_head, source_head
+from bio_megatron.loading.source import Source, resolve_source
+from bio_megatron.models.hf_convert import hf_to_mcore, roberta_position_offset, roberta_to_bert
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import load_json
+
+
+def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: str | None = None) -> dict:
+    """An HF folder's weights as a full (TP1) megatron-core state, head included for task folders."""
+    path = Path(path)
+    hsd = read_hf_weights(path)
+    hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
+    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
+        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
+    elif hf_cfg.get("model_type") == "electra":  # the discriminator's encoder under BERT's names (no heads)
+        from bio_megatron.models.hf_electra import electra_to_bert
+
+        hsd = electra_to_bert(hsd)
+    prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
+    binary = "cls.seq_relationship.weight" in hsd
+    try:
+        full = hf_to_mcore(hsd, shape, padded_vocab, binary_head=binary, prefix=prefix)
+        if task is None:
+            task = resolve_source(path).task
+        if task is not None:
+            full.update(hf_to_head(task, hsd))
+    except KeyError as exc:
+        raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
+                              "(not a BERT / MegatronBert checkpoint?)") from None
+    return full
+
+
+def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
+    """An HF folder's state dict as saved (every ``*.safetensors``, or ``pytorch_model.bin``); one-line errors."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files and (path / "pytorch_model.bin").is_file():
+        files = [path / "pytorch_model.bin"]
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors or pytorch_model.bin")
+    hsd = {}
+    for f in files:
+        try:
+            part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
+                                                                                   weights_only=True)
+        except Exception as exc:  # safetensors' SafetensorError, torch's UnpicklingError/EOFError/RuntimeError
+            raise CheckpointError(f"{f}: unreadable weights file, truncated or damaged? ({type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0] if str(exc) else 'no detail'})") from None
+        if not isinstance(part, dict) or not all(torch.is_tensor(v) for v in part.values()):
+            raise CheckpointError(f"{f}: not a state dict of tensors")
+        hsd.update(part)
+    return hsd
+
+
+def task_config_for_hf(src: Source):
+    """A task config whose head is the HF folder's (``Source.head``: the plain class's fixed head, or the
+    ``bio_megatron_head`` of a remote-code folder); what ``finetune``/``predict``/``import hf`` build for it."""
+    from bio_megatron.config.finetune import CONFIG_CLASSES
+
+    cfg = CONFIG_CLASSES[src.task]()
+    apply_head(cfg.model, src.head or source_head(PLAIN_CLASS[src.task], {}, str(src.path)))
+    cfg.model.transformer_impl = "local"
+    cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
+    return cfg

@@ -1,0 +1,146 @@
+"""Where a model comes from: what ``model.restore_from_path`` / ``--checkpoint`` points at, inspected.
+
+:func:`resolve_source` reads a BioMegatron pretraining or fine-tuning checkpoint (directory, ``checkpoints``
+folder or run directory), a Hugging Face folder (``MegatronBert*`` / ``Bert*`` / RoBERTa / ELECTRA, or the
+remote-code ``BioMegatronFor*`` classes that ``export hf`` writes for other heads: :mod:`.hf_heads`), or a
+``.nemo`` / Megatron-LM source (imported once: :mod:`.foreign`), and returns its :class:`Source`: the encoder
+shape, vocabulary, labels, task and head it brings. No weights are read here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.loading.foreign import cached_vocab, foreign_kind, imported
+from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_MODEL_TYPE, source_head
+from bio_megatron.models.hf_convert import HF_MODEL_TYPES, hf_shape, read_tokenizer_json
+from bio_megatron.training.checkpoint import read_metadata
+from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.io import load_json
+
+_SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+               "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
+               "transformer_block_type")
+
+
+@dataclass
+class Source:
+    """What ``restore_from_path`` points at, with the encoder shape and files it brings."""
+
+    kind: str                      # "checkpoint" | "hf"
+    path: Path
+    shape: dict = field(default_factory=dict)   # ModelConfig fields to take over
+    vocab_file: Path | None = None
+    labels: list[str] | None = None
+    task: str | None = None        # None = pretraining checkpoint / base HF model
+    padded_vocab: int | None = None
+    head: dict | None = None       # model.head / classifier_head / fc_hidden_size (fine-tuned checkpoint, HF folder)
+    lowercase: bool | None = None  # the HF folder's tokenizer (None: the checkpoint's config says it)
+    origin: Path | None = None     # the .nemo / Megatron-LM source that ``path`` was converted from
+
+
+_HF_INT_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size")
+
+
+def read_hf_config(file: Path) -> dict:
+    """An HF ``config.json``, checked for what the conversion reads: broken JSON is a DataError naming the
+    file and line; a missing or mistyped shape key or label map a CheckpointError naming the key."""
+    cfg = load_json(file)
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{file}: a JSON object is expected, not {type(cfg).__name__}")
+    for key in _HF_INT_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            what = "missing" if key not in cfg else f"{value!r}"
+            raise CheckpointError(f"{file}: {key} {what}, a positive integer is expected")
+    eps = cfg.get("layer_norm_eps", 1e-12)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+        raise CheckpointError(f"{file}: layer_norm_eps {eps!r}, a positive number is expected")
+    id2label = cfg.get("id2label")
+    if id2label and (not isinstance(id2label, dict) or set(id2label) != {str(i) for i in range(len(id2label))}):
+        got = sorted(id2label)[:5] if isinstance(id2label, dict) else id2label
+        raise CheckpointError(f"{file}: id2label {got!r}, a map from \"0\", \"1\", ... (every label id) to "
+                              f"label names is expected")
+    return cfg
+
+
+def resolve_source(path: str | Path) -> Source:
+    """Inspect a checkpoint, HF folder, ``.nemo`` archive or Megatron-LM checkpoint (the last two are imported
+    once into a cached checkpoint of ours: :mod:`bio_megatron.loading.foreign`). Raises CheckpointError
+    naming the path when it is none of them."""
+    path = Path(path)
+    kind = foreign_kind(path)
+    if kind is not None:
+        src = resolve_source(imported(path, kind))
+        src.origin = path
+        return src
+    if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
+        return _resolve_hf(path)
+    meta = read_metadata(path)
+    ckpt = Path(meta["path"])
+    cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
+    model = cfg.get("model", {})
+    shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
+    labels = None
+    if (ckpt / "label_ids.csv").is_file():
+        labels = (ckpt / "label_ids.csv").read_text(encoding="utf-8").splitlines()
+    head = None
+    if meta.get("task"):
+        head = {k: model[k] for k in ("head", "classifier_head", "fc_hidden_size") if k in model}
+    vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
+    return Source("checkpoint", ckpt, shape, vocab, labels, meta.get("task"),
+                  meta.get("padded_vocab_size"), head)
+
+
+def _resolve_hf(path: Path) -> Source:
+    cfg = read_hf_config(path / "config.json")
+    if cfg.get("model_type") not in HF_MODEL_TYPES:
+        raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected one of "
+                              f"{sorted(HF_MODEL_TYPES)}")
+    shape = hf_shape(cfg, f"{path}/config.json")
+    arch = (cfg.get("architectures") or [""])[0]
+    task = CLASS_TASK.get(arch)
+    if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:
+        raise CheckpointError(f"{path}/config.json: architectures {cfg.get('architectures')!r}, expected one of "
+                              f"{sorted(c for c in CLASS_TASK if c.startswith('BioMegatron'))}")
+    labels = None
+    if task in ("ner", "re") and cfg.get("id2label"):
+        labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
+    head = source_head(arch, cfg, f"{path}/config.json") if task else None
+    vocab, lower = _hf_vocab(path)
+    if vocab is not None and vocab.suffix == ".txt":
+        entries = sum(1 for _ in vocab.open(encoding="utf-8"))
+        if entries > cfg.get("vocab_size", entries):  # token ids past the embedding would read zero rows
+            raise CheckpointError(f"{path}: the tokenizer has {entries} entries but config.json vocab_size is "
+                                  f"{cfg['vocab_size']}: not this model's vocabulary")
+    return Source("hf", path, shape, vocab, labels, task, head=head, lowercase=lower)
+
+
+def _hf_vocab(path: Path) -> tuple[Path | None, bool | None]:
+    """The WordPiece vocabulary and lower-casing of an HF folder: ``vocab.txt`` (transformers 4) or only
+    ``tokenizer.json`` (transformers 5: ``model.vocab`` and the normalizer's ``lowercase``)."""
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():  # RoBERTa's byte-level BPE
+        return path / "vocab.json", False
+    lower = None
+    if (path / "tokenizer.json").is_file():
+        tokens, lower = read_tokenizer_json(path / "tokenizer.json")
+        if not (path / "vocab.txt").is_file():
+            return cached_vocab(tokens), lower
+    elif (path / "tokenizer_config.json").is_file():
+        value = load_json(path / "tokenizer_config.json").get("do_lower_case")
+        lower = value if isinstance(value, bool) else None
+    return (path / "vocab.txt" if (path / "vocab.txt").is_file() else None), lower
+
+
+def apply_source_shape(m: ModelConfig, src: Source) -> None:
+    """The encoder shape comes from the weights being loaded, not from the recipe (a RoBERTa source's one token
+    type and post-LN blocks too; its byte-level BPE vocabulary is loaded by ``load_tokenizer``)."""
+    for k, v in src.shape.items():
+        setattr(m, k, v)
+    if src.lowercase is not None and m.tokenizer.do_lower_case is None:  # the HF folder's tokenizer setting
+        m.tokenizer.do_lower_case = src.lowercase
