@@ -5,9 +5,11 @@
 #   - Debian bookworm minbase (debootstrap from the Debian mirror, the one registry CI reaches),
 #   - the interpreter the project's venv was made from, copied to the same prefix (pyenv builds link
 #     libpython by absolute rpath, so they are not relocatable),
-#   - the venv's site-packages without the project itself (the Dockerfile installs it) and with only
-#     the CUDA libraries that torch's shared objects link against (1.9 of 3 GB; cuDNN's engines and
-#     the like are loaded lazily, on a GPU, which this image never sees),
+#   - from the venv's site-packages only what the Dockerfile's build and run use: the distributions the
+#     project's dependencies need (pyproject.toml, not the test extras) and pip, without the project itself
+#     (the Dockerfile installs it), and with only the CUDA libraries that torch's shared objects link
+#     against (1.9 of 3 GB; cuDNN's engines and the like are loaded lazily, on a GPU, which this image
+#     never sees); the size is most of the time podman takes to import it,
 #   - `torchrun` on PATH, as in NGC images.
 # The image is labelled with a hash of its inputs and rebuilt only when they change.
 #
@@ -24,8 +26,9 @@ prefix=$("$venv_python" -c 'import sys; print(sys.base_prefix)')
 site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 pyver=$("$venv_python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 suite=bookworm
-# What the image is made of: the suite, the interpreter and the exact installed distributions.
-stamp=$( { echo "$suite $prefix"; "$venv_python" --version; ls "$site"; } | sha256sum | cut -c1-16)
+# What the image is made of: the suite, the interpreter, the exact installed distributions and this script.
+stamp=$( { echo "$suite $prefix"; "$venv_python" --version; ls "$site"; cat "$0" "$(dirname "$0")/../../pyproject.toml"; } \
+  | sha256sum | cut -c1-16)
 if [ "$(podman image inspect --format '{{ index .Labels "bio-megatron.test-base" }}' "$image" 2>/dev/null)" = "$stamp" ]; then
   echo "container_base: $image is up to date ($stamp)"
   exit 0
@@ -49,12 +52,35 @@ copy "$prefix" "$root$prefix"
 target=$root$prefix/lib/python$pyver/site-packages
 rm -rf "$root$prefix/lib/python$pyver/test" "$target"
 mkdir -p "$target"
-for entry in "$site"/*; do
-  case ${entry##*/} in
-    nvidia | *bio_megatron* | __pycache__ | _sandboxing_*) ;;
-    *) copy "$entry" "$target/" ;;
-  esac
-done
+# The site-packages entries (packages, modules, .dist-info, .pth) of the runtime dependency closure of
+# pyproject.toml's [project] dependencies, plus pip (the Dockerfile runs it); from each distribution's RECORD.
+"$venv_python" - "$(dirname "$0")/../../pyproject.toml" >"$work/entries" <<'PY'
+import importlib.metadata as md, re, sys, tomllib
+from packaging.requirements import Requirement
+deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] + ["pip"]
+todo = [r for r in map(Requirement, deps) if not r.marker or r.marker.evaluate({"extra": ""})]
+seen, entries = set(), set()
+while todo:
+    req = todo.pop()
+    name = re.sub(r"[-_.]+", "-", req.name).lower()
+    for extra in ["", *sorted(req.extras)]:  # e.g. torch needs cuda-toolkit[cublas,...]
+        if (name, extra) in seen:
+            continue
+        seen.add((name, extra))
+        try:
+            dist = md.distribution(req.name)
+        except md.PackageNotFoundError:
+            sys.exit(f"container_base: {req.name} (needed by the project's dependencies) is not in the venv")
+        if dist.files is None:
+            sys.exit(f"container_base: {req.name} has no RECORD: cannot tell which files are its own")
+        todo += [r for r in map(Requirement, dist.requires or []) if not r.marker or r.marker.evaluate({"extra": extra})]
+        # (triton stays, though it is 1 GB and CPU runs never use it: `import megatron.core` imports it)
+        entries |= {f.parts[0] for f in dist.files if f.parts[0] != ".."}
+print("\n".join(sorted(entries - {"nvidia", "__pycache__"})))
+PY
+while read -r entry; do
+  if [ -e "$site/$entry" ]; then copy "$site/$entry" "$target/"; fi
+done <"$work/entries"
 # The NEEDED closure of torch's libraries within site-packages/nvidia (libcaffe2_nvrtc is dlopen'ed).
 "$venv_python" - "$site" >"$work/cuda_libs" <<'PY'
 import pathlib, re, subprocess, sys
