@@ -8,7 +8,7 @@ Measured in one process, on one device, on the same shape and the same synthetic
 * **hf**: ``MegatronBertForMaskedLM`` (``ForPreTraining`` with ``--binary-head``) with fp32 weights under
   ``torch.autocast`` (what the HF Trainer does for bf16/fp16), ``torch.optim.AdamW`` as the HF Trainer builds
   it by default (``adamw_torch_fused``: ``fused=True``, on CPU as on GPU; ``--hf-optimizer unfused`` gives
-  torch's default implementation, the one megatron-core's torch fallback runs for ours) and the same grad
+  torch's default implementation) and the same grad
   clipping. transformers 5.x ships MegatronBert with eager attention only and refuses
   ``attn_implementation="sdpa"``; ``--hf-attention sdpa`` (the default) therefore swaps each layer's
   self-attention for ``F.scaled_dot_product_attention`` so the baseline gets PyTorch's fused kernels too;
@@ -66,7 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-optimizer", default="fused", choices=["fused", "unfused"],
                         help="HF baseline's torch AdamW: fused (the HF Trainer's default optim adamw_torch_fused, on "
                              "CPU as on GPU) or torch's default implementation for the device (single-tensor on CPU, "
-                             "foreach on GPU), which is what megatron-core's torch fallback runs on our side")
+                             "foreach on GPU)")
+    parser.add_argument("--our-adam", default="auto", choices=["auto", "fused", "default"],
+                        help="our side's torch Adam kernel where megatron-core runs torch's Adam (model.optim.fused: "
+                             "auto = null, fused on CPU; fused = true; default = false, torch's default kernel)")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="true vocabulary size")
     parser.add_argument("--binary-head", action="store_true", help="add the NSP head (HF: ForPreTraining)")
     parser.add_argument("--skip-hf", action="store_true", help="measure only our model")
@@ -116,6 +119,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
     cfg.model = ModelConfig(size=args.size, encoder_seq_length=args.seq, max_position_embeddings=max(512, args.seq),
                             micro_batch_size=args.micro_batch, global_batch_size=args.micro_batch,
                             attention_backend=args.attention, bert_binary_head=args.binary_head)
+    cfg.model.optim.fused = {"auto": None, "fused": True, "default": False}[args.our_adam]
     model, ddp = build_stage(cfg, args.vocab_size, dtype)
     optimizer = build_optimizer(cfg.model.optim, [ddp], dtype, clip_grad=1.0, use_distributed_optimizer=False)
     batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,

@@ -105,15 +105,35 @@ def _local_spec(m: ModelConfig, on_gpu: bool) -> ModuleSpec:
     return spec
 
 
+class _FillPaddedVocab(torch.autograd.Function):
+    """Set the logits' last columns from ``start`` on to -inf in place; the gradient passes through unchanged.
+
+    A clone plus slice assignment (the obvious version) copies the [s, b, V] logits in the forward and makes
+    autograd copy their gradient in the backward: two passes over ~125 MB per step at the tiny shape, half of
+    its forward+backward on CPU. Passing the gradient through is exact: the loss reads the logits only through
+    a softmax, and softmax(-inf) = +0.0, so the loss gradient in the filled columns is already +0.0 -- the
+    value the slice assignment's backward would write (``tests/parallel/test_mask_padded_vocab.py`` compares
+    loss and gradients bit for bit against the clone version, at TP1 and TP2)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, start: int) -> torch.Tensor:
+        ctx.mark_dirty(logits)
+        logits[..., start:] = float("-inf")
+        return logits
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
 def mask_padded_vocab(logits: torch.Tensor, true_vocab_size: int) -> torch.Tensor:
-    """This rank's slice of vocab-parallel logits with the padding entries (ids >= ``true_vocab_size``) at -inf."""
+    """This rank's slice of vocab-parallel logits with the padding entries (ids >= ``true_vocab_size``) at -inf,
+    written into ``logits`` itself (the output layer's fresh result, which nothing else holds)."""
     per_rank = logits.shape[-1]
     n_real = true_vocab_size - ps.get_tensor_model_parallel_rank() * per_rank
     if n_real >= per_rank:
         return logits
-    logits = logits.clone()
-    logits[..., max(n_real, 0):] = float("-inf")
-    return logits
+    return _FillPaddedVocab.apply(logits, max(n_real, 0))
 
 
 class BioBertModel(BertModel):

@@ -75,15 +75,23 @@ def is_cuda_device(d: Any) -> bool:
     return False
 
 
+def _to_cpu_kwargs(name: str, kwargs: dict) -> dict:
+    """``kwargs`` (a fresh dict, changed in place) with a CUDA ``device`` mapped to the CPU and ``pin_memory``
+    dropped; each rewrite is logged at the call site two frames up (the caller of a factory wrapper, or of the
+    torch function a mode intercepts)."""
+    if is_cuda_device(kwargs.get("device")):
+        note(f"{name}(device={kwargs['device']!r})", depth=3)
+        kwargs["device"] = "cpu"
+    if kwargs.get("pin_memory"):
+        note(f"{name}(pin_memory=True)", depth=3)
+        kwargs["pin_memory"] = False
+    return kwargs
+
+
 def _cpu_factory(name: str) -> Callable:
     def factory(*args, **kwargs):
-        if is_cuda_device(kwargs.get("device")):
-            note(f"{name}(device={kwargs['device']!r})")
-            kwargs["device"] = "cpu"
-        if kwargs.get("pin_memory"):
-            note(f"{name}(pin_memory=True)")
-            kwargs["pin_memory"] = False
-        return getattr(torch, name)(*args, **kwargs)  # looked up per call: a later patch of torch.<name> applies
+        # looked up per call: a later patch of torch.<name> applies
+        return getattr(torch, name)(*args, **_to_cpu_kwargs(name, kwargs))
 
     factory.__name__ = factory.__qualname__ = name
     return factory
@@ -184,14 +192,7 @@ class CudaToCpuMode(TorchFunctionMode):
     torch call of the process, at a Python dispatch per call (the Tensor methods are patched either way)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if is_cuda_device(kwargs.get("device")):
-            note(f"{getattr(func, '__name__', func)}(device={kwargs['device']!r})")
-            kwargs["device"] = "cpu"
-        if kwargs.get("pin_memory"):
-            note(f"{getattr(func, '__name__', func)}(pin_memory=True)")
-            kwargs["pin_memory"] = False
-        return func(*args, **kwargs)
+        return func(*args, **_to_cpu_kwargs(getattr(func, "__name__", str(func)), dict(kwargs or {})))
 
 
 def install() -> str:

@@ -27,6 +27,7 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         hysteresis=amp.hysteresis, min_loss_scale=amp.min_loss_scale,
     )
     optimizer = get_megatron_optimizer(cfg, model_chunks)
+    choose_adam_kernel(optimizer, optim.fused)
     if loss_scale(optimizer) is not None:
         # The pipeline schedules multiply each micro-batch's loss by config.grad_scale_func before backward
         # (Megatron-LM's trainer wires it the same way); without it the optimizer would unscale gradients
@@ -34,6 +35,43 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         for chunk in model_chunks:
             chunk.config.grad_scale_func = optimizer.scale_loss
     return optimizer
+
+
+def torch_adams(optimizer) -> list[torch.optim.Optimizer]:
+    """The ``torch.optim.Adam``/``AdamW`` instances inside megatron's (chained, mixed-precision) wrappers; empty
+    when megatron-core runs Transformer Engine's or apex's FusedAdam."""
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    return [o for o in inner if isinstance(o, (torch.optim.Adam, torch.optim.AdamW))]
+
+
+def choose_adam_kernel(optimizer, fused: bool | None) -> str | None:
+    """Run torch's fused Adam kernel (one pass over memory per parameter tensor) where megatron-core fell back to
+    torch's Adam, which it builds without ``fused=`` (single-tensor on CPU, foreach on GPU).
+
+    ``fused`` is ``model.optim.fused``: None = fused on CPU, torch's default on GPU; True = fused; False = torch's
+    default everywhere (the kernel of runs before 2026-11-23). The fused kernel rounds differently in the last
+    bits (measured in docs/BENCHMARKS.md), so the choice is re-applied before every step: a checkpoint's
+    ``param_groups`` (``load_state_dict`` takes them whole) then never switch a run's kernel behind its back.
+    Returns the kernel chosen, or None when megatron-core runs no torch Adam (TE/apex FusedAdam)."""
+    adams = torch_adams(optimizer)
+    if not adams:
+        return None
+    params = [p for o in adams for g in o.param_groups for p in g["params"]]
+    on_gpu = any(p.is_cuda for p in params)
+    want = fused if fused is not None else not on_gpu
+    if want:
+        bad = sorted({f"{p.dtype} on {p.device}" for p in params if p.is_sparse or not p.is_floating_point()})
+        if bad:
+            raise ValueError(f"model.optim.fused: torch's fused Adam needs dense floating-point parameters, got {bad}")
+
+    def apply(opt: torch.optim.Optimizer, *_args) -> None:
+        for group in opt.param_groups:
+            group["fused"], group["foreach"] = (True, False) if want else (None, None)
+
+    for opt in adams:
+        apply(opt)
+        opt.register_step_pre_hook(apply)
+    return "fused" if want else "default"
 
 
 def warmup_steps(optim: OptimConfig, max_steps: int) -> int:

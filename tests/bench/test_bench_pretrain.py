@@ -27,5 +27,7 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
         assert res[side]["mfu_datasheet"] is None  # no peak is known for a CPU
     assert res["ours"]["attention"] == "DotProductAttention"  # CPU auto = megatron-core's unfused path
     assert res["hf"]["attention"] == "sdpa"
+    # model.optim.fused null: torch's fused Adam on CPU on our side too, as the HF Trainer's default on HF's
+    assert res["ours"]["optimizer"] == "AdamW (fused)" and res["hf"]["optimizer"] == "AdamW (fused)"
     assert res["ratio_tokens_per_s"] > 0
     assert abs(res["ratio_tokens_per_s"] - res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]) < 1e-9
