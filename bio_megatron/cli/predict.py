@@ -80,12 +80,12 @@ def run_qa(args: argparse.Namespace) -> int:
 def run_classify(args: argparse.Namespace) -> int:
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.parallel.distributed import teardown
-    from bio_megatron.predict.classify import load_classifier, predict, read_examples, task_name_of
+    from bio_megatron.predict.classify import dataset_config_of, load_classifier, predict, read_examples
     from bio_megatron.utils.io import check_output_file
 
     if args.out:
         check_output_file(args.out)
-    examples = read_examples(args.input, task_name_of(args.checkpoint))  # the whole input, before the model loads
+    examples = read_examples(args.input, dataset_config_of(args.checkpoint))  # the whole input, before the model loads
     try:
         single_process()
         lines = [json.dumps(p) for p in predict(load_classifier(args.checkpoint), examples)]

@@ -140,7 +140,11 @@ class ClassifyDatasetConfig:
     test_file: str | None = "test.tsv"
     max_seq_length: int = 128
     class_balancing: Literal["weighted_loss"] | None = None
-    """Single-label datasets only: NeMo's class-weighted cross entropy."""
+    """Single-label datasets: NeMo's class-weighted cross entropy; HoC (multi-label): BCE ``pos_weight`` =
+    negatives / positives per label in the training split. Not for BIOSSES (regression)."""
+    pubmedqa_long_answer: bool = False
+    """PubMedQA only: pair the question with the abstract's conclusion (``LONG_ANSWER``, the reasoning-free
+    setting of Jin et al. 2019) instead of its contexts (false: BLURB's reasoning-required setting)."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
 
@@ -277,9 +281,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
             problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
                             f"max_seq_length ({d.max_seq_length})")
     if cfg.task == "classify":
-        if d.class_balancing and d.task_name in ("biosses", "hoc"):
-            problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights single-label classes; "
-                            f"{d.task_name} is {'regression' if d.task_name == 'biosses' else 'multi-label'}: null")
+        if d.class_balancing and d.task_name == "biosses":
+            problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights classes or labels; "
+                            f"biosses is regression: null")
+        if d.pubmedqa_long_answer and d.task_name != "pubmedqa":
+            problems.append(f"model.dataset.pubmedqa_long_answer (true) is PubMedQA's reasoning-free input; "
+                            f"task_name is {d.task_name}: false")
         if d.max_seq_length < 8:  # room for the special tokens of a pair and some text
             problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) must be >= 8")
     if problems:

@@ -20,9 +20,15 @@ from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import iter_json_lines
 
 
+def dataset_config_of(path: str | Path):
+    """The ``model.dataset`` a classify checkpoint was trained with (its saved config; no weights are read):
+    ``task_name`` and the reader's options (PubMedQA's ``pubmedqa_long_answer``)."""
+    return finetuned_source(path, "classify")[1].model.dataset
+
+
 def task_name_of(path: str | Path) -> str:
-    """The BLURB dataset a classify checkpoint was trained on (its saved config; no weights are read)."""
-    return finetuned_source(path, "classify")[1].model.dataset.task_name
+    """The BLURB dataset a classify checkpoint was trained on."""
+    return dataset_config_of(path).task_name
 
 
 def load_classifier(path: str | Path) -> Loaded:
@@ -32,12 +38,15 @@ def load_classifier(path: str | Path) -> Loaded:
     return load_finetuned(path, "classify", default_labels=dataset(task_name_of(path)).labels)
 
 
-def read_examples(path: str | Path, task_name: str) -> list[ClassifyExample]:
-    """Examples of ``path``: JSON lines (``.jsonl``) or the dataset's own format (labels read, then unused)."""
+def read_examples(path: str | Path, dataset_cfg) -> list[ClassifyExample]:
+    """Examples of ``path``: JSON lines (``.jsonl``) or the dataset's own format (labels read, then unused), read
+    as in training (``dataset_cfg``: the checkpoint's ``model.dataset``; a reasoning-free PubMedQA model gets
+    the conclusions)."""
+    task_name = dataset_cfg.task_name
     data = dataset(task_name)
     path = Path(path)
     if path.suffix != ".jsonl":
-        return data.examples(path)
+        return data.examples(path, **data.reader_options(dataset_cfg))
     want = '{"id", "text", "text_b"}' if data.pair else '{"id", "text"}'
     out, seen = [], set()
     for lineno, rec in iter_json_lines(path, f"input file not found (expected JSON lines {want})"):

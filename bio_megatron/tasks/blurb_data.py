@@ -6,7 +6,8 @@ split sizes they are checked against: docs/EVALUATION.md and each dataset's ``SO
 * PubMedQA (PQA-L): a JSON object PMID -> ``{"QUESTION", "CONTEXTS": [...], "final_decision", ...}``
   (``ori_pqal.json``, ``pqal_fold0/{train,dev}_set.json``, ``test_set.json``); the test labels may come
   from ``test_ground_truth.json`` (PMID -> label). Text: the question; pair text: the contexts joined
-  (BLURB's reasoning-required setting, no long answer).
+  (BLURB's reasoning-required setting, no long answer), or with ``long_answer=True`` the abstract's conclusion
+  ``LONG_ANSWER`` (the reasoning-free setting of Jin et al. 2019).
 * BioASQ yes/no: BioASQ's training/golden JSON, ``{"questions": [{"id", "type": "yesno", "body",
   "snippets": [{"text"}], "exact_answer": "yes"|"no"}]}``; other question types are skipped.
 * DDI: ``pair id<TAB>sentence<TAB>DDI-<class>``, no header. GAD: header ``index sentence label``, label 0/1.
@@ -224,9 +225,13 @@ def read_pubmedqa_labels(path: str | Path) -> dict[str, str]:
     return out
 
 
-def read_pubmedqa(path: str | Path, ground_truth: str | Path | None = None) -> list[TextExample]:
-    """PQA-L examples; with ``ground_truth`` the labels come from it (and must agree with the file's own)."""
+def read_pubmedqa(path: str | Path, ground_truth: str | Path | None = None,
+                  long_answer: bool = False) -> list[TextExample]:
+    """PQA-L examples; with ``ground_truth`` the labels come from it (and must agree with the file's own).
+    ``long_answer``: the pair text is the conclusion (``LONG_ANSWER``) instead of the contexts (reasoning-free)."""
     expected = 'a JSON object PMID -> {"QUESTION": str, "CONTEXTS": [str, ...], "final_decision": ...}'
+    if long_answer:
+        expected = expected.replace('"final_decision"', '"LONG_ANSWER": str, "final_decision"')
     data = load_json(path, expected)
     if not isinstance(data, dict):
         raise DataError(f"expected {expected}", str(path))
@@ -237,6 +242,9 @@ def read_pubmedqa(path: str | Path, ground_truth: str | Path | None = None) -> l
         if not isinstance(question, str) or not isinstance(contexts, list) \
                 or not all(isinstance(c, str) for c in contexts):
             raise DataError(f"PMID {pmid}: expected {expected}", str(path), _where(path, pmid))
+        if long_answer and not isinstance(rec.get("LONG_ANSWER"), str):
+            raise DataError(f"PMID {pmid}: no string LONG_ANSWER (the reasoning-free setting needs it); expected "
+                            f"{expected}", str(path), _where(path, pmid))
         label = rec.get("final_decision")
         if ground_truth is not None:
             if pmid not in truth:
@@ -248,7 +256,7 @@ def read_pubmedqa(path: str | Path, ground_truth: str | Path | None = None) -> l
         if label not in PUBMEDQA_LABELS:
             raise DataError(f"PMID {pmid}: final_decision {str(label)[:40]!r} is not one of {list(PUBMEDQA_LABELS)}",
                             str(path), _where(path, pmid))
-        out.append(TextExample(pmid, question, label, " ".join(contexts)))
+        out.append(TextExample(pmid, question, label, rec["LONG_ANSWER"] if long_answer else " ".join(contexts)))
     extra = [pmid for pmid in truth if pmid not in data]
     if extra:
         raise DataError(f"{len(extra)} PMID(s) are not in {path}: {first_few(extra)}", str(ground_truth))

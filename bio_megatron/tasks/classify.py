@@ -8,9 +8,10 @@ the output layer and loss:
 * ``single`` (PubMedQA, BioASQ yes/no, DDI, GAD): one logit per class, softmax cross entropy (optionally
   NeMo's ``class_balancing: weighted_loss``), prediction = argmax;
 * ``regression`` (BIOSSES): one output, mean squared error against the gold score, prediction = the output;
-* ``multi`` (HoC): one logit per hallmark, sigmoid + binary cross entropy per label, a label is predicted
-  when its probability exceeds 0.5 (logit > 0). Training and prediction are per sentence, as BLURB's; the
-  metric ORs a sentence's labels into its abstract.
+* ``multi`` (HoC): one logit per hallmark, sigmoid + binary cross entropy per label (``class_balancing:
+  weighted_loss``: each label's positive term weighted by its negatives / positives in the training split,
+  torch's ``pos_weight``), a label is predicted when its probability exceeds 0.5 (logit > 0). Training and
+  prediction are per sentence, as BLURB's; the metric ORs a sentence's labels into its abstract.
 
 Scores are the ``evaluate <task_name>`` JSON (``metric``, ``score`` on BLURB's 0-1 scale, details); the best
 checkpoint is chosen on the dev ``score``, and the test predictions are written in the JSON-lines format
@@ -65,18 +66,34 @@ class ClassifyTask:
         self.labels = list(self.data.labels)
         self.tokenizer = tokenizer
         self.train = self._encode(self._read(self.d.train_file)[: self.d.max_train_examples])
-        self.weights = None
-        if self.d.class_balancing == "weighted_loss":  # NeMo: total / (n_classes * count), 0 for absent classes
-            counts = torch.bincount(torch.tensor([e.target for e in self.train.examples]),
-                                    minlength=len(self.labels)).float()
-            self.weights = torch.where(counts > 0, counts.sum() / (len(self.labels) * counts.clamp(min=1)), 0.0)
+        self.weights = None  # single: cross-entropy class weights; multi: BCE pos_weight per label
+        if self.d.class_balancing == "weighted_loss":
+            self.weights = self._balancing_weights(self.train.examples)
+            log.info("%s: class_balancing weighted_loss (%s): %s", self.d.task_name,
+                     "per-class cross-entropy weights" if self.mode == "single" else "BCE pos_weight = neg / pos",
+                     ", ".join(f"{name} {w:.3g}" for name, w in zip(self.labels, self.weights.tolist())))
         self.splits = {"train": self.train}
         summary = self._label_counts(self.train.examples)
         log.info("%s: %d training examples%s", self.d.task_name, len(self.train.examples),
                  f" ({summary})" if summary else "")
 
+    def _balancing_weights(self, examples: list[ClassifyExample]) -> torch.Tensor:
+        """``class_balancing: weighted_loss`` from the training split. Single-label: NeMo's total / (n_classes x
+        count), 0 for absent classes. Multi-label: negatives / positives per label, so that a rare label's few
+        positives pull as hard as its many negatives push (without it HoC's [CLS] states collapse onto the label
+        frequencies, docs/FINETUNE.md); a label with no positive gets 1 (nothing to weight)."""
+        n = len(self.labels)
+        if self.mode == "single":
+            counts = torch.bincount(torch.tensor([e.target for e in examples]), minlength=n).float()
+            return torch.where(counts > 0, counts.sum() / (n * counts.clamp(min=1)), 0.0)
+        pos = torch.zeros(n)
+        for e in examples:
+            pos[list(e.target)] += 1
+        neg = len(examples) - pos
+        return torch.where(pos > 0, neg / pos.clamp(min=1), 1.0)
+
     def _read(self, file: str) -> list[ClassifyExample]:
-        return self.data.examples(Path(self.d.data_dir) / file)
+        return self.data.examples(Path(self.d.data_dir) / file, **self.data.reader_options(self.d))
 
     def _encode(self, examples: list[ClassifyExample]) -> ClassifySplit:
         return ClassifySplit(examples, encode(examples, self.tokenizer, self.d.max_seq_length))
@@ -136,7 +153,8 @@ class ClassifyTask:
             return F.cross_entropy(logits, batch["label"], weight=w)
         if self.mode == "regression":
             return F.mse_loss(logits[:, 0], batch["label"])
-        return F.binary_cross_entropy_with_logits(logits, batch["label"])  # mean over examples x labels
+        w = self.weights.to(logits.device) if self.weights is not None else None
+        return F.binary_cross_entropy_with_logits(logits, batch["label"], pos_weight=w)  # mean over examples x labels
 
     def outputs(self, logits: torch.Tensor, batch: dict) -> list:
         return self.outputs_of(self.mode, logits)

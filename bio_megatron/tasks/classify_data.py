@@ -5,13 +5,16 @@ One table (:data:`DATASETS`, keyed by ``model.dataset.task_name``) says everythi
 ==============  =====================  ==========  ==========================================================
 task_name       input                  mode        metric (:mod:`bio_megatron.evaluation.blurb`)
 ==============  =====================  ==========  ==========================================================
-pubmedqa        question, contexts     single      accuracy over yes/no/maybe
+pubmedqa        question, contexts (*) single      accuracy over yes/no/maybe
 bioasq_yesno    question, snippets     single      accuracy over yes/no
 ddi             sentence               single      micro-F1 over the 4 positive classes (DDI-false negative)
 gad             sentence               single      F1 of the positive class 1
 biosses         sentence pair          regression  Pearson's r
 hoc             sentence               multi       abstract-level micro-F1 (sentence predictions OR-ed)
 ==============  =====================  ==========  ==========================================================
+
+(*) or, with ``model.dataset.pubmedqa_long_answer: true``, question + the abstract's conclusion (PubMedQA's
+reasoning-free setting; BLURB's is reasoning-required, the default).
 
 Every example becomes a :class:`ClassifyExample` (id, text, optional second text, target). Encoding is
 BERT's: ``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with token types 0/1 (``tokenizer.single`` /
@@ -57,10 +60,18 @@ class BlurbDataset:
     scorer: Callable[[Sequence[ClassifyExample], Sequence], BlurbResult]
     pair: bool  # the reader gives a second text (question + context, sentence pair)
 
-    def examples(self, path: Path) -> list[ClassifyExample]:
-        """The file's records as examples with label ids / scores / label-index sets."""
+    def reader_options(self, dataset_cfg) -> dict:
+        """Keyword arguments of :attr:`read` that ``model.dataset`` chooses: PubMedQA's reasoning-free input
+        (``pubmedqa_long_answer``); none for the other datasets."""
+        if self.name == "pubmedqa" and getattr(dataset_cfg, "pubmedqa_long_answer", False):
+            return {"long_answer": True}
+        return {}
+
+    def examples(self, path: Path, **options) -> list[ClassifyExample]:
+        """The file's records as examples with label ids / scores / label-index sets (``options``: the
+        reader's, from :meth:`reader_options`)."""
         out = []
-        for r in self.read(path):
+        for r in self.read(path, **options):
             if self.mode == "single":
                 target: Target = self.labels.index(r.label)
             elif self.mode == "regression":

@@ -54,7 +54,7 @@ def _predict_and_export(ckpt: str, gold: str, pred: str, hf_dir: str) -> dict:
     except CheckpointError as exc:
         return {"rc": rc, "refused": str(exc)}
     loaded = load_classifier(ckpt)
-    feats = encode(read_examples(gold, loaded.cfg.model.dataset.task_name), loaded.tokenizer, 128)
+    feats = encode(read_examples(gold, loaded.cfg.model.dataset), loaded.tokenizer, 128)
     n = max(len(ids) for ids, _ in feats)
     ids, types, mask = (torch.zeros(len(feats), n, dtype=torch.long) for _ in range(3))
     for r, (f_ids, f_types) in enumerate(feats):

