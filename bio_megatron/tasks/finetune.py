@@ -250,6 +250,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
         state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout,
                                           compute_dtype=dtype_name(dtype))
+        state.skipped_steps = ckpt.read_metadata(resume).get("skipped_steps", 0)
         saved = json.loads((resume_root / "state.json").read_text())
         best.update(saved["best"], metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
         history.extend(saved["history"])
@@ -298,7 +299,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
 
     def save_for_resume(step: int) -> None:
         """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
-        ckpt.save_checkpoint(resume_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout, meta)
+        ckpt.save_checkpoint(resume_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
+                             {**meta, "skipped_steps": state.skipped_steps})
         if is_writer:
             kept = {**best, "path": str(best["path"]) if best["path"] else None,
                     "metric": best["metric"] if best["step"] is not None else None}

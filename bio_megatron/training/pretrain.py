@@ -136,12 +136,13 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
-    step = 0
+    step, skipped = 0, 0
     ckpt.remove_stale_saves(ckpt_root)
     resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
         ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
+        skipped = ckpt.read_metadata(resume).get("skipped_steps", 0)  # the run's count, not this process's
         log.info("resumed from %s at step %d", resume, step)
     elif m.restore_from_path:
         ckpt.load_checkpoint(Path(m.restore_from_path), model, optimizer, model_only=True,
@@ -159,7 +160,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
                              {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-                              "compute_dtype": dtype_name(dtype)})
+                              "compute_dtype": dtype_name(dtype), "skipped_steps": state.skipped_steps})
 
     def on_step(s: int, r: StepResult) -> None:
         if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
@@ -176,7 +177,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         report_keys=electra_loss.REPORT_KEYS if electra else (),
         train_batches=data.train_microbatches, valid_batches=data.valid_microbatches,
         seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size, max_steps=t.max_steps, step=step,
-        max_nonfinite_steps=t.max_nonfinite_steps,
+        max_nonfinite_steps=t.max_nonfinite_steps, skipped_steps=skipped,
         hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,

@@ -172,12 +172,12 @@ def test_fp16_resume_after_sigterm_matches_uninterrupted(pubmed_prefix, tmp_path
     assert run_world(2, pretrain_rank, over) == ["finished", "finished"]
     got = {r["step"]: r for r in _records(tmp_path / "sigterm")}  # the resumed run's record for a step wins
     assert sorted(got) == list(range(1, steps + 1))
-    # Bit-exact: the same loss, gradient norm (None = the step was skipped) and loss scale at every step.
-    # (skipped_steps itself counts per process, so the resumed process starts it again from 0.)
+    # Bit-exact: the same loss, gradient norm (None = the step was skipped), loss scale and count of skipped
+    # steps (kept in the checkpoint) at every step.
+    keys = ("loss", "grad_norm", "loss_scale", "skipped_steps")
     for r in ref:
         g = got[r["step"]]
-        assert (g["loss"], g["grad_norm"], g["loss_scale"]) == (r["loss"], r["grad_norm"], r["loss_scale"]), \
-            (r["step"], g, r)
+        assert [g[k] for k in keys] == [r[k] for k in keys], (r["step"], g, r)
 
 
 def _logged_rank(over: list[str], log_file: Path) -> str:

