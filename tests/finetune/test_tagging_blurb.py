@@ -109,6 +109,18 @@ def _common(ckpt: Path, tmp_path: Path) -> list[str]:
             "model.head.num_fc_layers=1", "model.head.fc_dropout=0.1"]
 
 
+def _run_and_score(recipe: str, over: list[str], test: Path) -> tuple[dict, dict, float, list[float]]:
+    """Fine-tune ``recipe``, score its test predictions with ``bio-megatron evaluate`` (checked equal to the
+    in-process scorer) and against the all-O tags and 100 shuffles of its own tags: (results, evaluate's JSON,
+    all-O score, shuffled scores)."""
+    (res,) = run_world(1, _finetune, recipe, over, timeout=1800)
+    conll = Path(res["test_predictions"])
+    scored = _evaluate(recipe, test, conll)
+    own, all_o, shuffled = _baselines(recipe, conll, 100)
+    assert own == pytest.approx(scored["score"], abs=1e-12)
+    return res, scored, all_o, shuffled
+
+
 @pytest.mark.skipif(not (BLURB / "EBM_PICO" / "test.tsv").is_file(), reason=f"EBM PICO not found under {BLURB}")
 def test_ebm_pico_slice_beats_all_o_and_shuffled_tags(minilm_ckpt, tmp_path):
     pico = BLURB / "EBM_PICO"
@@ -118,11 +130,7 @@ def test_ebm_pico_slice_beats_all_o_and_shuffled_tags(minilm_ckpt, tmp_path):
     n_test = _write_docs(pico / "test.tsv", test, 0, 50)
     over = _common(minilm_ckpt, tmp_path) + [f"model.dataset.data_dir={tmp_path}", "model.dataset.train_file=train.tsv",
                                              "model.dataset.dev_file=dev.tsv", "model.dataset.test_file=test.tsv"]
-    (res,) = run_world(1, _finetune, "ebm_pico", over, timeout=1800)
-    conll = Path(res["test_predictions"])
-    scored = _evaluate("ebm_pico", test, conll)
-    own, all_o, shuffled = _baselines("ebm_pico", conll, 100)
-    assert own == pytest.approx(scored["score"], abs=1e-12)
+    res, scored, all_o, shuffled = _run_and_score("ebm_pico", over, test)
     print("ebm_pico slice:", json.dumps({"sentences": [n_train, n_dev, n_test], "test_macro_f1": scored["score"],
                                          "conlleval_f1": res["test"]["f1"], "all_o": all_o,
                                          "shuffled_max": max(shuffled), "seconds": res["train_seconds"]}))
@@ -138,11 +146,7 @@ def test_jnlpba_slice_beats_all_o_and_shuffled_tags(minilm_ckpt, tmp_path):
     n_dev = _write_docs(jn / "dev.tsv", dev, 0, 30)
     n_test = _write_docs(jn / "test.tsv", test, 0, 50)
     over = _common(minilm_ckpt, tmp_path) + [f"model.dataset.data_dir={tmp_path}"]
-    (res,) = run_world(1, _finetune, "jnlpba", over, timeout=1800)
-    conll = Path(res["test_predictions"])
-    scored = _evaluate("jnlpba", test, conll)
-    own, all_o, shuffled = _baselines("jnlpba", conll, 100)
-    assert own == pytest.approx(scored["score"], abs=1e-12)
+    res, scored, all_o, shuffled = _run_and_score("jnlpba", over, test)
     print("jnlpba slice:", json.dumps({"sentences": [n_train, n_dev, n_test], "test_f1": scored["score"],
                                        "all_o": all_o, "shuffled_max": max(shuffled),
                                        "seconds": res["train_seconds"]}))
