@@ -70,6 +70,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--our-adam", default="auto", choices=["auto", "fused", "default"],
                         help="our side's torch Adam kernel where megatron-core runs torch's Adam (model.optim.fused: "
                              "auto = null, fused on CPU; fused = true; default = false, torch's default kernel)")
+    parser.add_argument("--grad-fusion", default="auto", choices=["auto", "on", "off"],
+                        help="our side's gradient-accumulation fusion (model.gradient_accumulation_fusion: auto = "
+                             "null, on on CPU, off on GPU; on = true (GPU: needs apex); off = false, megatron's unfused "
+                             "hook path with the whole gradient buffer zeroed every step)")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="true vocabulary size")
     parser.add_argument("--binary-head", action="store_true", help="add the NSP head (HF: ForPreTraining)")
     parser.add_argument("--skip-hf", action="store_true", help="measure only our model")
@@ -111,6 +115,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import SIZES
     from bio_megatron.models.hf_convert import mcore_to_hf
+    from bio_megatron.parallel import grad_fusion
     from bio_megatron.training.optimizer import build_optimizer
     from bio_megatron.training.pretrain import _to_device, build_stage, forward_step
 
@@ -120,6 +125,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
                             micro_batch_size=args.micro_batch, global_batch_size=args.micro_batch,
                             attention_backend=args.attention, bert_binary_head=args.binary_head)
     cfg.model.optim.fused = {"auto": None, "fused": True, "default": False}[args.our_adam]
+    cfg.model.gradient_accumulation_fusion = {"auto": None, "on": True, "off": False}[args.grad_fusion]
     model, ddp = build_stage(cfg, args.vocab_size, dtype)
     optimizer = build_optimizer(cfg.model.optim, [ddp], dtype, clip_grad=1.0, use_distributed_optimizer=False)
     batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
@@ -144,7 +150,8 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
         lap("optimizer")
         return lap.parts
 
-    return step, {"attention": attention, "optimizer": optimizer_impl(optimizer)}, initial
+    fusion = "on" if grad_fusion.resolve(cfg.model.gradient_accumulation_fusion) else "off"
+    return step, {"attention": attention, "optimizer": optimizer_impl(optimizer), "grad_fusion": fusion}, initial
 
 
 def _sdpa_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
@@ -401,7 +408,8 @@ def summary_line(res: dict[str, Any]) -> str:
         h = res["hf"]
         line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s [{_parts(h)}] | "
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
-                 f"{res['schedule']}; ours {o['optimizer']}, HF {h['optimizer']})")
+                 f"{res['schedule']}; ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; "
+                 f"HF {h['optimizer']})")
     return line
 
 

@@ -162,6 +162,10 @@ class ModelConfig:
     attention_backend: Literal["auto", "sdpa", "unfused"] = "auto"
     """Local spec only: auto = PyTorch SDPA (flash/efficient kernels) on GPU, unfused on CPU."""
     use_distributed_optimizer: bool = False
+    gradient_accumulation_fusion: bool | None = None
+    """Megatron-LM's key: linears (and on the CPU the word embedding) add their weight gradients straight into
+    DDP's gradient buffer. null: on on the CPU, off on a GPU (NeMo's default); true: on (on a GPU it needs apex);
+    false: off (a fresh gradient per weight, added in by DDP's hook)."""
     native_amp_init_scale: float = 2.0**32
     """fp16 only (NeMo's key): the dynamic loss scaler's initial scale."""
     native_amp_growth_interval: int = 1000

@@ -27,6 +27,7 @@ from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
+from bio_megatron.parallel import grad_fusion
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
@@ -204,6 +205,7 @@ def setup(cfg: FinetuneConfig):
         stage = Float16Module(model.config, model)
     ddp = DistributedDataParallel(config=model.config, module=stage, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer))
+    grad_fusion.enable(ddp, m.gradient_accumulation_fusion)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     return world, tokenizer, task, model, ddp, dtype, padded

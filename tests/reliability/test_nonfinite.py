@@ -100,7 +100,9 @@ def poisoned_rank(over: list[str], step: int, rank: int) -> tuple[str, list[tupl
         sched = s.scheduler.num_steps
         hook = None
         if s.step + 1 == step and dist.get_rank() == rank:
-            param = next(p for p in s.model.parameters() if getattr(p, "tensor_model_parallel", False))
+            # A TP-sharded bias: its gradient reaches DDP's buffer through autograd, where a hook can poison it
+            # (fused weight gradients are written into the buffer by the GEMM and never pass a tensor hook).
+            param = next(p for p in s.model.parameters() if getattr(p, "tensor_model_parallel", False) and p.dim() == 1)
             hook = param.register_hook(lambda g: torch.full_like(g, math.nan))
         try:
             r = real(s)
