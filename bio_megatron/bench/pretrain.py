@@ -1,6 +1,7 @@
 """``bio-megatron bench pretrain``: training throughput of our megatron-core model against Hugging Face.
 
-Measured in one process, on one device, on the same shape and the same synthetic MLM batch:
+Measured on one device, on the same shape and the same synthetic MLM batch (on CPU the HF side runs in a
+process of its own, stepped from ours: ``bench/hf_process.py`` says why):
 
 * **ours**: ``BioBertModel`` (TP1) in megatron-core DDP with ``get_megatron_optimizer``, one full train
   step per iteration through ``get_forward_backward_func()`` (forward, backward, grad clipping, Adam) —
@@ -35,6 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bio_megatron.bench.hf_process import HFProcess
 from bio_megatron.bench.timing import Laps, Step, free_memory, peak_memory_gib, throughput, time_steps
 from bio_megatron.utils.log import get_logger
 
@@ -56,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=int, default=None,
                         help="sequences per step (default 8 on GPU, 2 on CPU)")
     parser.add_argument("--steps", type=int, default=None, help="timed steps per model (default 20 GPU, 3 CPU)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 GPU, 1 CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default 5 GPU, 3 CPU)")
     parser.add_argument("--precision", default="bf16", choices=["bf16", "16", "fp16", "32"],
                         help="compute precision (honoured on CPU as on GPU)")
     parser.add_argument("--attention", default="auto", choices=["auto", "sdpa", "unfused"],
@@ -80,6 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--schedule", default="auto", choices=["auto", "interleaved", "sequential"],
                         help="time the two sides' steps alternately with both models resident, or one side after "
                              "the other (auto: interleaved on CPU, sequential on GPU)")
+    parser.add_argument("--hf-process", default="own", choices=["own", "shared"],
+                        help="interleaved schedule: run HF in a process of its own (default; on CPU the two sides "
+                             "otherwise share glibc's heap and each other's page faults) or in ours, as before "
+                             "2026-11-23's fourth pass")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's, one per core); on a CPU "
                              "shared with other jobs, 1 thread keeps a step from stalling on a busy core")
@@ -292,7 +298,8 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     gpu = torch.cuda.is_available()
     args.micro_batch = args.micro_batch or (8 if gpu else 2)
     args.steps = args.steps if args.steps is not None else (20 if gpu else 3)
-    args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 1)
+    # CPU: glibc's malloc adapts its mmap threshold over the first steps (HF alone at 345m: 4.1, 3.3, 3.3 s)
+    args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 3)
     problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
                 (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
                  ("warmup", args.warmup, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
@@ -357,9 +364,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         hf_info = {"attention": args.hf_attention}
         memory: dict[str, float | None] = {}
         if res["schedule"] == "interleaved":
-            hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
+            hf_process = HFProcess(args, dtype, weights) if args.hf_process == "own" else None
+            hf, hf_info["optimizer"] = ((hf_process.step, hf_process.optimizer) if hf_process
+                                        else hf_step(args, dtype, weights))
+            hf_info["process"] = args.hf_process
             del weights
-            times = time_steps({label_ours: ours, label_hf: hf}, args.steps, args.warmup)
+            try:
+                times = time_steps({label_ours: ours, label_hf: hf}, args.steps, args.warmup)
+            finally:
+                if hf_process:
+                    hf_process.close()
             res["peak_memory_gib_both"] = peak_memory_gib()  # both models resident: not separable per side
         else:  # one side after the other, its memory freed in between: peak GPU memory per side
             times = time_steps({label_ours: ours}, args.steps, args.warmup)
@@ -408,7 +422,7 @@ def summary_line(res: dict[str, Any]) -> str:
         h = res["hf"]
         line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s [{_parts(h)}] | "
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
-                 f"{res['schedule']}; ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; "
+                 f"{res['schedule']}{', HF in its own process' if h.get('process') == 'own' else ''}; ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; "
                  f"HF {h['optimizer']})")
     return line
 

@@ -73,3 +73,17 @@ def test_hf_baseline_starts_from_our_weights():
     assert abs(ours - theirs) < 1e-5 * abs(ours), (ours, theirs)
     # megatron-core's torch fallback on CPU, switched to the fused kernel by model.optim.fused (null)
     assert ours_opt == "AdamW (fused)"
+
+
+def test_hf_process_reports_the_childs_failure():
+    """The HF side runs in a process of its own: its failure reaches the parent as an error with the child's
+    traceback, not a hang or a silent zero."""
+    import argparse
+
+    import pytest
+    import torch
+
+    from bio_megatron.bench.hf_process import HFProcess
+
+    with pytest.raises(RuntimeError, match="(?s)HF baseline process failed.*vocab_size"):
+        HFProcess(argparse.Namespace(size="tiny"), torch.float32, {})  # no --vocab-size: hf_step cannot build

@@ -27,6 +27,8 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
         assert res[side]["mfu_datasheet"] is None  # no peak is known for a CPU
     assert res["ours"]["attention"] == "DotProductAttention"  # CPU auto = megatron-core's unfused path
     assert res["hf"]["attention"] == "sdpa"
+    assert res["hf"]["process"] == "own"  # a process of its own: no heap shared with our side
+    assert res["ours"]["grad_fusion"] == "on"  # model.gradient_accumulation_fusion null = on on CPU
     # model.optim.fused null: torch's fused Adam on CPU on our side too, as the HF Trainer's default on HF's
     assert res["ours"]["optimizer"] == "AdamW (fused)" and res["hf"]["optimizer"] == "AdamW (fused)"
     assert res["ratio_tokens_per_s"] > 0

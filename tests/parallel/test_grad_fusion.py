@@ -108,15 +108,30 @@ CASES = [  # tp, pp, dtype, objective, micro-batches, bit-identical outside repe
     (2, 1, "float32", "bert", 1, True),
     (1, 2, "float32", "bert", 2, False),
     (1, 1, "bfloat16", "bert", 1, False),
+    (1, 1, "bfloat16", "bert", 2, False),  # the second micro-batch adds a bf16 GEMM into the fp32 buffer
     (1, 1, "float32", "electra", 1, False),
 ]
 
 
 @pytest.mark.parametrize("tp, pp, dtype, objective, microbatches, exact", CASES,
-                         ids=["tp1-fp32", "tp2-fp32", "pp2-2micro-fp32", "tp1-bf16", "electra-fp32"])
+                         ids=["tp1-fp32", "tp2-fp32", "pp2-2micro-fp32", "tp1-bf16", "tp1-2micro-bf16", "electra-fp32"])
 def test_fused_gradients_equal_megatrons_unfused(tp, pp, dtype, objective, microbatches, exact):
     for rank, res in enumerate(run_world(tp * pp, _grads, tp, pp, dtype, objective, microbatches, exact)):
         assert res["ran"]["linears"] and res["ran"]["flags"] == [True], (rank, res["ran"])
         assert res["ran_off"]["flags"] == [False], (rank, res["ran_off"])
         assert res["differences"] == [], (rank, res["differences"])
         assert res["stale"] == [], (rank, "gradients left from the last step", res["stale"])
+
+
+def test_converting_add_in_row_blocks_equals_add():
+    """The bf16 -> fp32 accumulation runs in row blocks (a small reused temporary instead of one as large as the
+    weight): element for element the same sums as one ``add_``, also for a 1-D tensor and a ragged last block."""
+    from bio_megatron.parallel import grad_fusion
+
+    g = torch.Generator().manual_seed(5)
+    for shape in [(3001, 1000), (70, 3), (5_000_000,)]:
+        dst = torch.randn(shape, generator=g)
+        src = torch.randn(shape, generator=g).bfloat16()
+        expected = dst.clone().add_(src)
+        grad_fusion._add_converted(dst, src)
+        assert torch.equal(dst, expected), shape
