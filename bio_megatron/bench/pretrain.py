@@ -84,8 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the other (auto: interleaved on CPU, sequential on GPU)")
     parser.add_argument("--hf-process", default="own", choices=["own", "shared"],
                         help="interleaved schedule: run HF in a process of its own (default; on CPU the two sides "
-                             "otherwise share glibc's heap and each other's page faults) or in ours, as before "
-                             "2026-11-23's fourth pass")
+                             "otherwise share glibc's heap and each other's page faults) or in ours, as before the "
+                             "third pass of 2026-11-23 (docs/BENCHMARKS.md)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's, one per core); on a CPU "
                              "shared with other jobs, 1 thread keeps a step from stalling on a busy core")
@@ -422,8 +422,8 @@ def summary_line(res: dict[str, Any]) -> str:
         h = res["hf"]
         line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s [{_parts(h)}] | "
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
-                 f"{res['schedule']}{', HF in its own process' if h.get('process') == 'own' else ''}; ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; "
-                 f"HF {h['optimizer']})")
+                 f"{res['schedule']}{', HF in its own process' if h.get('process') == 'own' else ''}; "
+                 f"ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; HF {h['optimizer']})")
     return line
 
 

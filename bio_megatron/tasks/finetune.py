@@ -21,13 +21,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
-from bio_megatron.parallel import grad_fusion
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
@@ -35,6 +33,7 @@ from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
 from bio_megatron.training.metrics import TensorBoardLog
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
+from bio_megatron.training.pretrain import wrap_for_training
 from bio_megatron.training.signals import StopRequest
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
@@ -197,17 +196,7 @@ def setup(cfg: FinetuneConfig):
     if src is not None:
         load_into(model, src, encoder_only=not same_task)
         log.info("restored %s from %s (%s)", "encoder + head" if same_task else "encoder", src.path, src.kind)
-    stage = model
-    if dtype != torch.float32:
-        # As pretraining (training/pretrain.py::build_stage): half-precision weights, fp32 outputs to the loss.
-        from megatron.core.transformer.module import Float16Module
-
-        stage = Float16Module(model.config, model)
-    ddp = DistributedDataParallel(config=model.config, module=stage, ddp_config=DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=m.use_distributed_optimizer))
-    grad_fusion.enable(ddp, m.gradient_accumulation_fusion)
-    model.config.finalize_model_grads_func = finalize_model_grads
-    model.config.no_sync_func = ddp.no_sync
+    ddp = wrap_for_training(model, m, dtype)
     return world, tokenizer, task, model, ddp, dtype, padded
 
 

@@ -81,9 +81,16 @@ def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     m = cfg.model
     model = build_electra_model(m, vocab_size, dtype) if m.objective == "electra" else build_model(m, vocab_size, dtype)
     init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
+    return model, wrap_for_training(model, m, dtype)
+
+
+def wrap_for_training(model: torch.nn.Module, m: ModelConfig, dtype: torch.dtype) -> DistributedDataParallel:
+    """``model`` ready for megatron's schedules, as pretraining and fine-tuning train it: half-precision weights
+    with fp32 outputs to the loss (``Float16Module``, as megatron's trainer), megatron DDP with fp32 gradient
+    reduction, gradient-accumulation fusion per ``model.gradient_accumulation_fusion``, and the config hooks the
+    schedules call (gradient finalisation, no-sync)."""
     stage = model
     if dtype != torch.float32:
-        # As megatron's trainer: fp16/bf16 weights, with fp32 outputs handed to the loss.
         from megatron.core.transformer.module import Float16Module
 
         stage = Float16Module(model.config, model)
@@ -93,7 +100,7 @@ def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     grad_fusion.enable(ddp, m.gradient_accumulation_fusion)
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
-    return model, ddp
+    return ddp
 
 
 def _diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError:
