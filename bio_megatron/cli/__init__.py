@@ -12,6 +12,7 @@ import logging
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from bio_megatron import __version__
 from bio_megatron.utils.errors import BioMegatronError
@@ -30,6 +31,49 @@ _COMMAND_MODULES = (
     "bio_megatron.cli.bench",
     "bio_megatron.cli.benchmark",
 )
+
+
+# What a command reads and what it writes, by argparse dest: every command's outputs are checked against its
+# inputs and against system paths before it runs (utils.io.check_output_path), so a new command whose options
+# are named like these gets the check for free.
+INPUT_DESTS = ("input", "checkpoint", "model", "generator", "gold", "pred", "data", "predictions", "nbest",
+               "na_prob_file", "golden", "label_ids", "files", "train", "eval", "ner_file", "vocab", "config")
+OUTPUT_DESTS = ("out", "output", "json_out", "output_prefix")
+_SUBCOMMAND_DESTS = ("task", "evaluate_command", "data_command", "vocab_command", "format", "analyse_command")
+# Single-file outputs whose command does not already refuse a folder or an unwritable place before its work.
+_FILE_OUTPUTS = {("data", "pubmed"): "output", ("data", "pmc"): "output", ("evaluate", "bioasq-submission"): "out"}
+
+
+def _flat(value: object) -> list[str]:
+    if value is None or isinstance(value, bool):
+        return []
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
+def _outputs(command: tuple[str, ...], dest: str, value: str) -> list[str]:
+    """The files an output option stands for: a prefix writes ``.bin``/``.idx``; ``predict qa`` an n-best file."""
+    if dest == "output_prefix":
+        return [value, f"{value}.bin", f"{value}.idx"]
+    if command[:2] == ("predict", "qa"):
+        out = Path(value)
+        return [value, str(out.with_name(out.stem + ".nbest.json"))]
+    return [value]
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an output that is one of the command's inputs or a system path."""
+    from bio_megatron.utils.io import check_output_file, check_output_path
+
+    command = tuple([args.command] + [getattr(args, d) for d in _SUBCOMMAND_DESTS
+                                      if isinstance(getattr(args, d, None), str)])
+    inputs = [p for d in INPUT_DESTS for p in _flat(getattr(args, d, None))]
+    for dest in OUTPUT_DESTS:
+        for value in _flat(getattr(args, dest, None)):
+            option = "--json" if dest == "json_out" else "--" + dest.replace("_", "-")
+            for target in _outputs(command, dest, value):
+                check_output_path(target, inputs, f"the output ({option})")
+            if _FILE_OUTPUTS.get(command[:2]) == dest:
+                check_output_file(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0 if args.command is None else 2
     try:
+        check_paths(args)
         rc = args.func(args)
         sys.stdout.flush()  # inside the try: a reader that went away shows up here, not at interpreter exit
     except BioMegatronError as exc:

@@ -72,6 +72,81 @@ def check_output_file(target: str | os.PathLike) -> None:
         raise OutputError(f"{target}: folder {parent} is not writable")
 
 
+# Where no output of ours belongs: the root and the operating system's own folders. We are often run as root
+# in containers, where nothing else stops ``--out /etc/passwd`` from replacing a system file.
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin", "/sys",
+               "/usr", "/var/lib", "/var/log")
+_MAX_SCANNED = 200_000  # files of an input folder compared with an existing output (a PubMed baseline: ~1,300)
+
+
+def _system_path(path: Path) -> str | None:
+    """The system folder ``path`` is (or is in), or None; ``path`` is absolute."""
+    text = str(path)
+    if text == "/":
+        return "/"
+    return next((d for d in SYSTEM_DIRS if text == d or text.startswith(d + "/")), None)
+
+
+def _identity(path: str | os.PathLike) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a link to an input is that input
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _same_file_in(folder: Path, ident: tuple[int, int]) -> Path | None:
+    """A file under ``folder`` that is the file ``ident`` (a hard link or a symlink to it), or None."""
+    scanned = 0
+    for root, dirs, files in os.walk(folder):
+        for name in files + dirs:
+            scanned += 1
+            if _identity(os.path.join(root, name)) == ident:
+                return Path(root) / name
+        if scanned > _MAX_SCANNED:
+            break
+    return None
+
+
+def check_output_path(target: str | os.PathLike, inputs: list[str | os.PathLike] = (), what: str = "output") -> None:
+    """Refuse (:class:`OutputError`) an output that is one of the command's inputs or a system path.
+
+    One check for every command's outputs, files and folders alike, made before any work: the target must not
+    be ``/`` or under a system folder (the path as given and with its symlinks resolved); an existing target
+    must not be one of ``inputs`` (same device and inode, so hard links and symlinks count) nor a file inside
+    an input folder; and an existing folder target must not hold an input (replacing it would delete it).
+    Inputs that do not exist (a built-in vocabulary's name) are skipped."""
+    given = Path(os.path.abspath(target))
+    real = Path(os.path.realpath(target))
+    for path in (given, real):
+        system = _system_path(path)
+        if system is not None:
+            where = "the root folder" if system == "/" else f"a system folder ({system})"
+            raise OutputError(f"{target}: {what} would be written in {where}; refusing to write there, "
+                              "choose a path of your own")
+    ident = _identity(target)
+    if ident is None:
+        return  # nothing there yet: it cannot be an input
+    for item in inputs:
+        if item is None:
+            continue
+        item_ident = _identity(item)
+        if item_ident is None:
+            continue
+        if item_ident == ident:
+            raise OutputError(f"{target}: {what} is the input {item} (the same file, through a link or not); "
+                              "writing it would destroy the input: choose another output")
+        item_real = Path(os.path.realpath(item))
+        if real.is_dir() and (item_real == real or real in item_real.parents):
+            raise OutputError(f"{target}: {what} is a folder holding the input {item}; "
+                              "replacing it would destroy the input: choose another output")
+        if item_real.is_dir() and not real.is_dir():
+            same = _same_file_in(item_real, ident)
+            if same is not None:
+                raise OutputError(f"{target}: {what} is {same}, a file of the input folder {item}; "
+                                  "writing it would destroy the input: choose another output")
+
+
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two existing paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:

@@ -110,3 +110,113 @@ def test_release_never_removes_a_file_that_replaced_the_lock(tmp_path):
         os.unlink(lock)
         lock.write_text("the user's file, put here while we ran\n")
     assert lock.read_text() == "the user's file, put here while we ran\n"
+
+
+# --- file outputs: never one of the inputs, never a system path ----------------------------------------------
+
+def _link(kind: str, src: Path, dst: Path) -> Path:
+    if kind == "hardlink":
+        os.link(src, dst)
+    else:
+        dst.symlink_to(src)
+    return dst
+
+
+def _conll(path: Path) -> Path:
+    path.write_text("Naloxone B-Chemical B-Chemical\nreverses O O\nclonidine B-Chemical O\n\n")
+    return path
+
+
+@pytest.mark.parametrize("kind", ["hardlink", "symlink"])
+def test_predict_out_that_is_the_input_is_refused(tmp_path, kind):
+    inp = tmp_path / "docs.txt"
+    inp.write_text("Naloxone reverses the antihypertensive effect of clonidine.\n")
+    out = _link(kind, inp, tmp_path / "pred.jsonl")
+    before = tree_digest(tmp_path)
+    # the checkpoint does not exist: the output check must come before anything is loaded
+    rc, msg = run_cli(["predict", "ner", "--checkpoint", str(tmp_path / "nope"), "--input", str(inp),
+                       "--out", str(out)])
+    assert rc == 2 and f"{out}: the output (--out) is the input {inp}" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["hardlink", "symlink"])
+def test_evaluate_json_that_is_the_prediction_file_is_refused(tmp_path, kind):
+    gold = tmp_path / "gold.tsv"
+    gold.write_text("index\tlabel\n1\tfalse\n2\ttrue\n")
+    pred = tmp_path / "pred.tsv"
+    pred.write_text("index\tprediction\n1\tfalse\n2\ttrue\n")
+    out = _link(kind, pred, tmp_path / "scores.json")
+    before = tree_digest(tmp_path)
+    rc, msg = run_cli(["evaluate", "gad", "--gold", str(gold), "--pred", str(pred), "--json", str(out)])
+    assert rc == 2 and f"{out}: the output (--json) is the input {pred}" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["hardlink", "symlink"])
+def test_vocab_train_output_that_is_the_input_is_refused(tmp_path, docs, kind):
+    inp = tmp_path / "docs.jsonl"
+    inp.write_bytes(docs.read_bytes())
+    out = _link(kind, inp, tmp_path / "vocab.txt")
+    before = tree_digest(tmp_path)
+    rc, msg = run_cli(["vocab", "train", "--input", str(inp), "--output", str(out), "--size", "200"])
+    assert rc == 2 and "is the input" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("kind", ["hardlink", "symlink"])
+def test_extraction_output_that_is_a_file_of_the_input_folder_is_refused(tmp_path, kind):
+    xml = tmp_path / "xml"
+    xml.mkdir()
+    for f in sample_files()["pubmed"]:
+        (xml / Path(f).name).write_bytes(Path(f).read_bytes())
+    first = sorted(xml.iterdir())[0]
+    out = _link(kind, first, tmp_path / "pubmed.jsonl")
+    before = tree_digest(tmp_path)
+    rc, msg = run_cli(["data", "pubmed", "--input", str(xml), "--output", str(out), "--workers", "1"])
+    assert rc == 2, msg
+    assert (f"{out}: the output (--output) is {first}, a file of the input folder {xml}" in msg
+            or f"is the input {xml}" in msg), msg
+    assert tree_digest(tmp_path) == before
+
+
+def test_extraction_output_equal_to_its_input_is_refused(tmp_path):
+    xml = tmp_path / "a.xml"
+    xml.write_bytes(Path(sample_files()["pubmed"][0]).read_bytes())
+    before = tree_digest(tmp_path)
+    rc, msg = run_cli(["data", "pubmed", "--input", str(xml), "--output", str(xml), "--workers", "1"])
+    assert rc == 2 and "is the input" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("target", ["/", "/etc/passwd", "/etc/bio_megatron_test_never_written.jsonl",
+                                    "/usr/bio_megatron_test.jsonl", "/dev/null", "/dev/stdout",
+                                    "/etc/../etc/hostname"])
+def test_predict_out_in_a_system_path_is_refused(tmp_path, target):
+    inp = tmp_path / "docs.txt"
+    inp.write_text("Naloxone reverses clonidine.\n")
+    watched = Path("/etc/passwd")
+    before = _sha(watched)
+    etc = sorted(os.listdir("/etc"))
+    rc, msg = run_cli(["predict", "ner", "--checkpoint", str(tmp_path / "nope"), "--input", str(inp),
+                       "--out", target])
+    assert rc == 2 and target in msg and ("system folder" in msg or "root folder" in msg), msg
+    assert _sha(watched) == before and sorted(os.listdir("/etc")) == etc  # refused before any write
+    assert not Path("/etc/bio_megatron_test_never_written.jsonl").exists()
+
+
+def test_output_through_a_symlinked_folder_into_etc_is_refused(tmp_path):
+    (tmp_path / "results").symlink_to("/etc")
+    gold = tmp_path / "gold.tsv"
+    gold.write_text("index\tlabel\n1\tfalse\n2\ttrue\n")
+    rc, msg = run_cli(["evaluate", "gad", "--gold", str(gold), "--pred", str(gold),
+                       "--json", str(tmp_path / "results" / "scores.json")])
+    assert rc == 2 and "system folder (/etc)" in msg, msg
+    assert not Path("/etc/scores.json").exists()
+
+
+@pytest.mark.parametrize("argv", [["data", "download", "pubmed", "--out", "/"],
+                                  ["vocab", "train", "--type", "bpe", "--input", "x.jsonl", "--output", "/usr"]])
+def test_folder_outputs_in_system_paths_are_refused(argv):
+    rc, msg = run_cli(argv)
+    assert rc == 2 and ("root folder" in msg or "system folder" in msg), msg
