@@ -3,7 +3,8 @@
 Folder outputs (``export hf``, ``import hf``, ``export``/``import megatron-lm``) follow one rule: the target must be absent, an empty folder,
 or -- with ``overwrite`` -- an earlier output of the same command, recognised by the marker file
 :data:`OUTPUT_MARKER` we write into every folder we produce. Anything else is refused before any work is
-done, so files we did not write are never removed.
+done, so files we did not write are never removed. The marker also lists the files the output was written with
+(its manifest): ``--overwrite`` refuses, naming them, when files were added to the folder since.
 """
 
 from __future__ import annotations
@@ -24,13 +25,51 @@ from bio_megatron.utils.errors import DataError, OutputError
 OUTPUT_MARKER = ".bio_megatron_output.json"
 
 
-def _marker_command(folder: Path) -> str | None:
-    """The command that wrote ``folder`` according to its marker, or None (no marker, unreadable marker)."""
+def _read_marker(folder: Path) -> dict:
+    """``folder``'s marker (empty when it has none or it does not read)."""
     try:
         marker = json.loads((folder / OUTPUT_MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def _marker_command(folder: Path) -> str | None:
+    """The command that wrote ``folder`` according to its marker, or None (no marker, unreadable marker)."""
+    return _read_marker(folder).get("command")
+
+
+def _written_files(folder: Path) -> list[str]:
+    """Every file, symlink and empty folder under ``folder`` (relative, '/'-separated), the marker left out:
+    the manifest of what one of our outputs holds."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        entries = files + [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        if not entries and not dirs and root != str(folder):
+            found.append(rel.as_posix() + "/")
+        found += [(rel / name).as_posix() for name in entries if (rel / name).as_posix() != OUTPUT_MARKER]
+    return sorted(found)
+
+
+def _added_since(target: Path, command: str) -> str | None:
+    """Why ``target`` (an earlier ``command`` output) cannot be replaced wholesale, or None when it can.
+
+    ``--overwrite`` removes only what we wrote: the marker lists it (``files``). Anything else found there was
+    added by someone else since, so we refuse and name it rather than carry it into the new output (a stale
+    ``config.json`` or weights file carried over could silently change what the folder loads as). A marker
+    from before manifests were kept cannot tell the two apart: refused too, saying so."""
+    written = _read_marker(target).get("files")
+    if not isinstance(written, list):
+        return (f"{target}: an earlier `{command}` output written before bio-megatron listed the files it writes "
+                f"({OUTPUT_MARKER} has no \"files\"), so files added since cannot be told apart; refusing to "
+                "replace it: remove it yourself or choose a new folder")
+    added = sorted(set(_written_files(target)) - set(written))
+    if not added:
         return None
-    return marker.get("command") if isinstance(marker, dict) else None
+    shown = ", ".join(added[:5]) + (f" and {len(added) - 5} more" if len(added) > 5 else "")
+    return (f"{target}: holds {len(added)} file(s) that the earlier `{command}` output did not write ({shown}); "
+            "--overwrite replaces only what we wrote: move them away or choose a new folder")
 
 
 def check_output_dir(target: str | os.PathLike, command: str, overwrite: bool = False) -> None:
@@ -52,6 +91,9 @@ def check_output_dir(target: str | os.PathLike, command: str, overwrite: bool = 
     if wrote == command:
         if not overwrite:
             raise OutputError(f"{target}: holds an earlier `{command}` output; pass --overwrite to replace it")
+        problem = _added_since(target, command)
+        if problem:
+            raise OutputError(problem)
         return
     what = f"a `{wrote}` output" if wrote else f"files not written by `{command}` (no {OUTPUT_MARKER})"
     raise OutputError(f"{target}: not empty, holds {what}; refusing to replace it: {hint}")
@@ -217,7 +259,8 @@ def atomic_path(target: str | os.PathLike, suffix: str = "", *, command: str | N
         if tmp_path.is_dir():
             if command is not None:
                 (tmp_path / OUTPUT_MARKER).write_text(json.dumps(
-                    {"command": command, "version": __version__}, indent=2) + "\n", encoding="utf-8")
+                    {"command": command, "version": __version__, "files": _written_files(tmp_path)}, indent=2)
+                    + "\n", encoding="utf-8")
             _swap_in_dir(tmp_path, target, command, overwrite)
         else:
             if target.is_dir() and not target.is_symlink():

@@ -304,3 +304,37 @@ def test_closed_stdout_is_quiet(tmp_path):
     assert res.returncode == 0, (res.returncode, res.stderr)
     whole = _piped(stats, "cat")  # a reader that stays gets the whole result, as before
     assert whole.returncode == 0 and "Naloxone" not in whole.stderr and json.loads(whole.stdout)
+
+
+def test_overwrite_keeps_files_the_user_added_to_an_export(ckpts, tmp_path):
+    """Issue 21: ``--overwrite`` used to delete the whole earlier output, files the user had added since
+    included. The marker now lists what we wrote; anything else there is named and the overwrite refused."""
+    out = tmp_path / "hf_out"
+    assert _forked("export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(out))["rc"] == 0
+    marker = json.loads((out / OUTPUT_MARKER).read_text())
+    assert "model.safetensors" in marker["files"] and OUTPUT_MARKER not in marker["files"]
+    (out / "README.md").write_text("# my model card\n")
+    (out / "eval").mkdir()
+    (out / "eval" / "scores.json").write_text('{"f1": 0.9}\n')
+    before = tree_digest(out)
+    rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite"])
+    assert rc == 2 and str(out) in msg and "2 file(s)" in msg and "README.md, eval/scores.json" in msg, msg
+    assert tree_digest(out) == before and _siblings(out) == []
+    # The same folder without the user's files is ours again: replaced.
+    (out / "README.md").unlink()
+    (out / "eval" / "scores.json").unlink()
+    (out / "eval").rmdir()
+    res = _cli("export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert tree_digest(out)["model.safetensors"] != before["model.safetensors"]
+
+
+def test_overwrite_refuses_an_output_marked_before_manifests(ckpts, tmp_path):
+    """A marker without a file list (written before manifests) cannot tell our files from added ones: refused."""
+    out = tmp_path / "hf_out"
+    assert _forked("export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(out))["rc"] == 0
+    (out / OUTPUT_MARKER).write_text(json.dumps({"command": "export hf", "version": "0.1.0"}) + "\n")
+    before = tree_digest(out)
+    rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite"])
+    assert rc == 2 and "before bio-megatron listed the files it writes" in msg, msg
+    assert tree_digest(out) == before
