@@ -24,8 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = ev.add_parser("re", help="ChemProt micro P/R/F1 over CPR:3,4,5,6,9 (fractions, as scikit-learn)")
     r.add_argument("--gold", required=True, help="one label per line, or NeMo 'sentence<TAB>label' tsv")
     r.add_argument("--pred", required=True, help="one label per line (names or ids), same order as --gold")
-    r.add_argument("--label-ids", help="label_ids.csv mapping integer ids to names "
-                                       "(default: false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9)")
+    r.add_argument("--label-ids", "--label-map", dest="label_ids", metavar="FILE",
+                   help="the model's label_ids.csv mapping integer ids to names: needed for integer ids in --pred "
+                        "(a gold NeMo tsv's ids default to false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9)")
     r.set_defaults(func=run_re)
 
     s = ev.add_parser("squad", help="official SQuAD v1.1/v2.0 evaluation (percent)")
@@ -72,14 +73,17 @@ def run_ner(args: argparse.Namespace) -> int:
 
 
 def run_re(args: argparse.Namespace) -> int:
-    from bio_megatron.evaluation.chemprot import chemprot_scores, read_label_column
+    from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores, read_label_column
     from bio_megatron.tasks.ner_data import read_label_ids
     from bio_megatron.utils.errors import DataError
 
     mapping = None
     if args.label_ids:
         mapping = {i: label for label, i in read_label_ids(args.label_ids).items()}
-    gold, pred = read_label_column(args.gold, mapping), read_label_column(args.pred, mapping)
+    gold = read_label_column(args.gold, mapping)
+    # a prediction is a name of the label set or a gold label; an integer id only through the model's map
+    names = set(mapping.values() if mapping else CHEMPROT_LABELS) | set(gold)
+    pred = read_label_column(args.pred, mapping, names=names, ids=mapping is not None)
     if len(gold) != len(pred):
         raise DataError(f"{len(gold)} gold labels ({args.gold}) but {len(pred)} predictions", args.pred)
     return emit(chemprot_scores(gold, pred))

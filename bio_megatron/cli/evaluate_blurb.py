@@ -19,6 +19,10 @@ def register(ev: argparse._SubParsersAction) -> None:
         p.add_argument("--gold", required=True, help=task.gold)
         p.add_argument("--pred", required=True, help=f"predictions: {task.pred}")
         p.add_argument("--json", dest="json_out", metavar="OUT", help="also write the JSON object to OUT")
+        if task.label_map:
+            p.add_argument("--label-map", metavar="FILE",
+                           help="the model's label_ids.csv (one label per line, id = line number from 0): integer "
+                                "label ids in --pred are read through it; without it only label names are accepted")
         p.set_defaults(func=run, blurb_task=name)
 
 
@@ -30,9 +34,25 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json_out:
         check_output_file(args.json_out)  # before reading: a bad --json path should not cost the scoring
-    result = EVALUATORS[args.blurb_task].score(args.gold, args.pred)
+    task = EVALUATORS[args.blurb_task]
+    label_map = getattr(args, "label_map", None)
+    if label_map:
+        result = task.score(args.gold, args.pred, _label_map(label_map, args.blurb_task))
+    else:
+        result = task.score(args.gold, args.pred)
     get_logger("cli").info("%s", report_text(result, args.blurb_task))
     obj = as_dict(result, args.blurb_task)
     if args.json_out:
         write_json_atomic(args.json_out, obj)
     return emit(obj)
+
+
+def _label_map(path: str, task_name: str) -> dict[int, str]:
+    """Label id -> name of a ``label_ids.csv``, each name one of the task's labels."""
+    from bio_megatron.evaluation.blurb_predictions import check_label_map
+    from bio_megatron.tasks.classify_data import dataset
+    from bio_megatron.tasks.ner_data import read_label_ids
+
+    id_to_label = {i: name for name, i in read_label_ids(path).items()}
+    check_label_map(id_to_label, dataset(task_name).labels, path)
+    return id_to_label

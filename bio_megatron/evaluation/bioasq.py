@@ -44,6 +44,7 @@ are stripped first, the project's recipe (docs/EVALUATION.md).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any, Iterable, Mapping
 
@@ -238,10 +239,10 @@ def pool_nbest(nbest: Mapping[str, Iterable[Mapping]], max_answers: int = MAX_AN
         for entry in entries:
             try:
                 text, prob = entry["text"], float(entry["probability"])
-                if not isinstance(text, str):
+                if not isinstance(text, str) or not math.isfinite(prob):  # NaN would scramble the ranking
                     raise TypeError(text)
             except (KeyError, TypeError, ValueError):
-                raise DataError(f'n-best entry of {snippet_id!r} needs "text" and a numeric "probability", '
+                raise DataError(f'n-best entry of {snippet_id!r} needs "text" and a finite numeric "probability", '
                                 f"got {entry!r}") from None
             text = clean_answer(text)
             if text and len(text) <= max_chars:

@@ -240,18 +240,33 @@ def positive_f1_scores(gold: Sequence[str], pred: Sequence[str], positives: Sequ
     return PositiveF1Result(r["precision"], r["recall"], r["f1"], r["support"], r["accuracy"], len(gold), per_class)
 
 
+def _centred_unit(v: np.ndarray) -> np.ndarray:
+    """``v`` scaled into [-1, 1] by its largest magnitude, then centred: Pearson's r is unchanged by a positive
+    scale, and neither the mean nor the sums of squares can overflow (1e308 scores) or underflow (1e-308)."""
+    peak = float(np.max(np.abs(v)))
+    u = v / peak if peak > 0.0 else v
+    d = u - u.mean()
+    return d - d.mean()  # the corrected two-pass: removes the rounding left in the first mean
+
+
 def pearson_scores(gold: Sequence[float], pred: Sequence[float]) -> PearsonResult:
-    """Pearson's r. Undefined (an error, not NaN) when either side is constant or has fewer than 2 pairs."""
+    """Pearson's r in float64, as ``scipy.stats.pearsonr`` at any magnitude. Undefined (an error, not the NaN
+    scipy returns) when either side is constant or has fewer than 2 pairs; a non-finite score is an error."""
     _check_lengths(gold, pred, "scores")
     if len(gold) < 2:
         raise DataError("Pearson's correlation needs at least 2 pairs")
     x, y = np.asarray(gold, dtype=np.float64), np.asarray(pred, dtype=np.float64)
-    dx, dy = x - x.mean(), y - y.mean()
-    den = math.sqrt(float(dx @ dx) * float(dy @ dy))
-    if den == 0.0:
-        side, values = ("gold", x) if float(dx @ dx) == 0.0 else ("predicted", y)
+    for side, v in (("gold", x), ("predicted", y)):
+        bad = np.flatnonzero(~np.isfinite(v))
+        if bad.size:  # the readers refuse these with file and line; a caller passing them gets no NaN score
+            raise DataError(f"{side} score {v[bad[0]]!r} (pair {bad[0] + 1}) is not a finite number")
+    dx, dy = _centred_unit(x), _centred_unit(y)
+    sxx, syy = float(dx @ dx), float(dy @ dy)
+    if sxx == 0.0 or syy == 0.0:
+        side, values = ("gold", x) if sxx == 0.0 else ("predicted", y)
         raise DataError(f"Pearson's correlation is undefined: all {side} scores are equal ({values[0]:g})")
-    return PearsonResult(max(-1.0, min(1.0, float(dx @ dy) / den)), len(gold))
+    r = float(dx @ dy) / (math.sqrt(sxx) * math.sqrt(syy))
+    return PearsonResult(max(-1.0, min(1.0, r)), len(gold))
 
 
 def group_by_document(doc_ids: Sequence[str], label_sets: Sequence[Iterable[int]]) -> dict[str, set[int]]:

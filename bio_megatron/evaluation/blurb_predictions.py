@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Collection, Sequence, TypeVar
+from typing import Any, Callable, Collection, Mapping, Sequence, TypeVar
 
 from bio_megatron.evaluation.inputs import first_few, iter_lines
 from bio_megatron.utils.errors import DataError
@@ -27,11 +27,32 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def label_parser(labels: Sequence[str]) -> Parser[str]:
-    """A label of ``labels``; an integer is read as its decimal string (GAD's ``1`` for ``"1"``)."""
+def _by_id(value: int, names: Sequence[str], id_to_label: Mapping[int, str] | None) -> str:
+    """The name of integer label id ``value``: only through the model's label map, since the order of a
+    model's labels is its own (a model trained with another order would score silently wrong)."""
+    if id_to_label is None:
+        raise ValueError(f"{value} is an integer label id, but no --label-map FILE (the model's label_ids.csv) says "
+                         f"which label it is; expected one of {list(names)}")
+    if value not in id_to_label:
+        raise ValueError(f"label id {value} is not in the label map (ids 0..{len(id_to_label) - 1})")
+    return id_to_label[value]
+
+
+def check_label_map(id_to_label: Mapping[int, str], names: Sequence[str], path: str | Path) -> None:
+    """A label map for a task names only the task's labels (another task's label_ids.csv is refused)."""
+    odd = [n for n in id_to_label.values() if n not in names]
+    if odd:
+        raise DataError(f"label map has {first_few(odd)}, not labels of this task; expected names of "
+                        f"{list(names)}", str(path))
+
+
+def label_parser(labels: Sequence[str], id_to_label: Mapping[int, str] | None = None) -> Parser[str]:
+    """A label of ``labels``. An integer is a label id of ``id_to_label``; without a map only where the label
+    names are themselves integers (GAD's ``1`` for ``"1"``)."""
     def parse(value: Any) -> str:
         if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
+            value = _by_id(value, labels, id_to_label) if id_to_label is not None or str(value) not in labels \
+                else str(value)
         if not isinstance(value, str) or value not in labels:
             raise ValueError(f"{_short(value)} is not one of {list(labels)}")
         return value
@@ -49,14 +70,17 @@ def score_parser(value: Any) -> float:
     return number
 
 
-def label_set_parser(names: Sequence[str]) -> Parser[frozenset[int]]:
-    """A list of label indices (``0``..``len(names)-1``) or names; ``[]`` is no label."""
+def label_set_parser(names: Sequence[str], id_to_label: Mapping[int, str] | None = None) -> Parser[frozenset[int]]:
+    """A list of label indices (``0``..``len(names)-1``, the task's own order) or names; ``[]`` is no label.
+    With ``id_to_label`` the integers are the model's label ids instead."""
     def parse(value: Any) -> frozenset[int]:
         if not isinstance(value, list):
             raise ValueError(f"{_short(value)} is not a list of label indices or names")
         out = set()
         for item in value:
-            if isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(names):
+            if isinstance(item, int) and not isinstance(item, bool) and id_to_label is not None:
+                out.add(names.index(_by_id(item, names, id_to_label)))
+            elif isinstance(item, int) and not isinstance(item, bool) and 0 <= item < len(names):
                 out.add(item)
             elif isinstance(item, str) and item in names:
                 out.add(names.index(item))

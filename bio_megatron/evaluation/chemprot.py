@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from bio_megatron.evaluation.inputs import iter_lines
 from bio_megatron.utils.errors import DataError
@@ -66,17 +66,19 @@ def chemprot_scores(gold: Sequence[str], pred: Sequence[str],
             "per_class": per_class}
 
 
-def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = None) -> list[str]:
+def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = None,
+                      names: Collection[str] | None = None, ids: bool = True) -> list[str]:
     """Labels from a file with one label per line, or from the last tab-separated field of a NeMo tsv.
 
-    Integer labels are mapped through ``id_to_label`` (default: ``CHEMPROT_LABELS`` order, ``false`` = 0).
-    Every line must have the field count of the first (1 or 2), and every label must be a name of the map
-    or a ChemProt group ``CPR:<n>``: a sentence column read as a label would silently count as a negative.
-    Blank lines are skipped; no label at all is an error.
+    Integer labels are mapped through ``id_to_label`` (default: ``CHEMPROT_LABELS`` order, ``false`` = 0),
+    and refused when ``ids`` is false (predictions without the model's label map: its order is its own).
+    Every line must have the field count of the first (1 or 2), and every label must be one of ``names``
+    (default: a name of the map or a ChemProt group ``CPR:<n>``): a sentence column read as a label would
+    silently count as a negative. Blank lines are skipped; no label at all is an error.
     """
     expected = "one label per line or 'sentence<TAB>label'"
     mapping = dict(id_to_label) if id_to_label is not None else dict(enumerate(CHEMPROT_LABELS))
-    names = set(mapping.values())
+    known = set(mapping.values()) if names is None else set(names)
     labels: list[str] = []
     n_fields = first_line = 0
     for lineno, line in iter_lines(path, expected):
@@ -92,10 +94,16 @@ def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = 
                             f"expected {expected} on every line", str(path), lineno)
         value = fields[-1].strip()
         if value.lstrip("-").isdigit():
+            if not ids:
+                raise DataError(f"label id {value} but no --label-ids FILE (the model's label_ids.csv) says which "
+                                f"label it is; expected one of {sorted(known)}", str(path), lineno)
             if int(value) not in mapping:
                 raise DataError(f"label id {value} is not in the label map {mapping}", str(path), lineno)
             value = mapping[int(value)]
-        elif value not in names and not _CPR_GROUP.match(value):
+        elif names is not None and value not in known:
+            raise DataError(f"unknown label {value[:60]!r}; expected one of the gold labels {sorted(known)}",
+                            str(path), lineno)
+        elif names is None and value not in known and not _CPR_GROUP.match(value):
             raise DataError(f"unknown label {value[:60]!r}; expected a label id or name of {mapping} "
                             f"(or a ChemProt group CPR:<n>)", str(path), lineno)
         labels.append(value)

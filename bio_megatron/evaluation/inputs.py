@@ -60,8 +60,11 @@ def iter_lines(path: str | Path, expected: str) -> Iterator[tuple[int, str]]:
         if err is not None:
             raise err
         fh.seek(0)
+        # binary lines split at b"\n" only: a \x0c, \x85 or \u2028 inside a line never starts another
         for lineno, raw in enumerate(fh, 1):
-            yield lineno, _decode_line(raw, path, lineno, expected).rstrip("\r\n")
+            line = _decode_line(raw, path, lineno, expected).rstrip("\r\n")
+            # an editor's BOM is no part of the first label, token or document
+            yield lineno, line.removeprefix("\ufeff") if lineno == 1 else line
 
 
 def load_json(path: str | Path, expected: str) -> Any:

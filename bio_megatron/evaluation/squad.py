@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import re
 import string
 from typing import Mapping
@@ -249,6 +250,12 @@ def check_na_probs(na_probs: object, qids: list[str], path: str | None = None) -
     if bad:
         raise DataError(f"{len(bad)} question(s) have no numeric no-answer probability, e.g. {first_few(bad)}",
                         path, _where(path, bad[0]))
+    # JSON's NaN/Infinity parse as floats: NaN > threshold is always false and breaks the sort of the
+    # threshold sweep, so the scores would come out silently wrong
+    odd = [k for k in qids if not math.isfinite(na_probs[k])]
+    if odd:
+        raise DataError(f"{len(odd)} question(s) have a non-finite no-answer probability "
+                        f"({na_probs[odd[0]]!r} for {odd[0]!r}); expected a finite number", path, _where(path, odd[0]))
 
 
 def evaluate(dataset_json: dict, predictions: Mapping[str, str], version: str | None = None,

@@ -5,7 +5,7 @@ definitions in ``evaluation/blurb.py`` (docs/EVALUATION.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 _JSONL = "JSON lines, one per gold example: "
 _CONLL = ("conlleval columns 'token gold pred' (white-space separated, blank line between sentences; "
@@ -19,47 +19,50 @@ class Evaluator:
     help: str
     gold: str
     pred: str
-    score: Callable[[str, str], object]
+    score: Callable[..., object]  # (gold, pred) or, for the label tasks, (gold, pred, label_map)
+    label_map: bool = False  # accepts the model's label map: integer label ids in the predictions
 
 
-def _labels(gold: str, pred: str, examples, labels, scorer):
+def _labels(gold: str, pred: str, examples, labels, scorer, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb_predictions import label_parser, read_json_predictions
 
     ids = [e.id for e in examples]
-    preds = read_json_predictions(pred, "label", ids, label_parser(labels), gold)
+    preds = read_json_predictions(pred, "label", ids, label_parser(labels, label_map), gold)
     return scorer([e.label for e in examples], [preds[i] for i in ids])
 
 
-def _pubmedqa(gold: str, pred: str):
+def _pubmedqa(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb import PUBMEDQA_LABELS, accuracy_scores
     from bio_megatron.evaluation.blurb_predictions import label_parser, read_json_predictions
     from bio_megatron.tasks.blurb_data import read_pubmedqa_labels
 
     truth = read_pubmedqa_labels(gold)
-    preds = read_json_predictions(pred, "label", list(truth), label_parser(PUBMEDQA_LABELS), gold)
+    preds = read_json_predictions(pred, "label", list(truth), label_parser(PUBMEDQA_LABELS, label_map), gold)
     return accuracy_scores(list(truth.values()), [preds[i] for i in truth], PUBMEDQA_LABELS)
 
 
-def _bioasq_yesno(gold: str, pred: str):
+def _bioasq_yesno(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb import BIOASQ_YESNO_LABELS, accuracy_scores
     from bio_megatron.tasks.blurb_data import read_bioasq_yesno
 
     return _labels(gold, pred, read_bioasq_yesno(gold), BIOASQ_YESNO_LABELS,
-                   lambda g, p: accuracy_scores(g, p, BIOASQ_YESNO_LABELS))
+                   lambda g, p: accuracy_scores(g, p, BIOASQ_YESNO_LABELS), label_map)
 
 
-def _ddi(gold: str, pred: str):
+def _ddi(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb import DDI_LABELS, DDI_POSITIVES, positive_f1_scores
     from bio_megatron.tasks.blurb_data import read_ddi
 
-    return _labels(gold, pred, read_ddi(gold), DDI_LABELS, lambda g, p: positive_f1_scores(g, p, DDI_POSITIVES))
+    return _labels(gold, pred, read_ddi(gold), DDI_LABELS, lambda g, p: positive_f1_scores(g, p, DDI_POSITIVES),
+                   label_map)
 
 
-def _gad(gold: str, pred: str):
+def _gad(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb import GAD_LABELS, GAD_POSITIVE, positive_f1_scores
     from bio_megatron.tasks.blurb_data import read_gad
 
-    return _labels(gold, pred, read_gad(gold), GAD_LABELS, lambda g, p: positive_f1_scores(g, p, (GAD_POSITIVE,)))
+    return _labels(gold, pred, read_gad(gold), GAD_LABELS, lambda g, p: positive_f1_scores(g, p, (GAD_POSITIVE,)),
+                   label_map)
 
 
 def _biosses(gold: str, pred: str):
@@ -72,13 +75,14 @@ def _biosses(gold: str, pred: str):
     return pearson_scores([e.score for e in examples], [preds[e.id] for e in examples])
 
 
-def _hoc(gold: str, pred: str):
+def _hoc(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
     from bio_megatron.evaluation.blurb import HOC_LABELS, hoc_scores
     from bio_megatron.evaluation.blurb_predictions import label_set_parser, read_json_predictions
     from bio_megatron.tasks.blurb_data import read_hoc
 
     examples = read_hoc(gold)
-    preds = read_json_predictions(pred, "labels", [e.id for e in examples], label_set_parser(HOC_LABELS), gold)
+    preds = read_json_predictions(pred, "labels", [e.id for e in examples], label_set_parser(HOC_LABELS, label_map),
+                                  gold)
     return hoc_scores([e.doc_id for e in examples], [e.labels for e in examples], [preds[e.id] for e in examples])
 
 
@@ -109,24 +113,24 @@ def _jnlpba(gold: str, pred: str):
 EVALUATORS: dict[str, Evaluator] = {
     "pubmedqa": Evaluator("PubMedQA (PQA-L) accuracy over yes/no/maybe",
                       "test_ground_truth.json (PMID -> label) or a PQA-L JSON (PMID -> {..., final_decision})",
-                      _JSONL + '{"id": "<PMID>", "label": "yes"|"no"|"maybe"}', _pubmedqa),
+                      _JSONL + '{"id": "<PMID>", "label": "yes"|"no"|"maybe"}', _pubmedqa, True),
     "bioasq_yesno": Evaluator("BioASQ yes/no accuracy",
                           'BioASQ training/golden JSON ({"questions": [...]}; only "type": "yesno" is scored)',
-                          _JSONL + '{"id": "<question id>", "label": "yes"|"no"}', _bioasq_yesno),
+                          _JSONL + '{"id": "<question id>", "label": "yes"|"no"}', _bioasq_yesno, True),
     "ddi": Evaluator("DDI-2013 micro F1 over the 4 positive classes (DDI-false is the negative)",
                  "BLURB DDI tsv: pair id<TAB>sentence<TAB>label, no header",
                  _JSONL + '{"id": "<pair id>", "label": "DDI-false"|"DDI-advise"|"DDI-effect"|"DDI-int"|'
-                          '"DDI-mechanism"}', _ddi),
+                          '"DDI-mechanism"}', _ddi, True),
     "gad": Evaluator("GAD F1 of the positive class 1",
                  "BLURB GAD tsv with header index<TAB>sentence<TAB>label",
-                 _JSONL + '{"id": "<index>", "label": 0|1} (or "0"|"1")', _gad),
+                 _JSONL + '{"id": "<index>", "label": 0|1} (or "0"|"1")', _gad, True),
     "biosses": Evaluator("BIOSSES Pearson correlation",
                      "BLURB BIOSSES tsv with header pair_id<TAB>sent1<TAB>sent2<TAB>score",
                      _JSONL + '{"id": "<pair_id>", "score": <number>}', _biosses),
     "hoc": Evaluator("HoC abstract-level micro F1 (sentence predictions OR-ed per PMID)",
                  "BLURB HoC tsv with header labels<TAB>sentence<TAB>index (index = PMID_sN)",
                  _JSONL + '{"id": "<PMID_sN>", "labels": [hallmark index 0-9 or name, ...]} per sentence; [] = none',
-                 _hoc),
+                 _hoc, True),
     "ebm_pico": Evaluator("EBM PICO word-level macro F1 over I-PAR, I-INT, I-OUT",
                       "BLURB EBM PICO tsv: '-DOCSTART- (PMID)' lines, token<TAB>tag sentences",
                       _CONLL + "; tags O, I-PAR, I-INT, I-OUT", _ebm_pico),

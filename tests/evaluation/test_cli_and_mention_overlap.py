@@ -26,8 +26,10 @@ def test_evaluate_ner_and_re(capsys, tmp_path):
     assert rc == 0 and out["f1"] == pytest.approx(evaluate_file(FIX / "ner/ill_formed.conll")["f1"])
     assert set(out["per_type"]) == {"Chemical", "Disease"}
     (tmp_path / "g.txt").write_text("CPR:3\nfalse\nCPR:4\n")
-    (tmp_path / "p.txt").write_text("1\n0\n1\n")  # ids in the default order false, CPR:3, ...
-    rc, out = _run(capsys, ["evaluate", "re", "--gold", str(tmp_path / "g.txt"), "--pred", str(tmp_path / "p.txt")])
+    (tmp_path / "p.txt").write_text("1\n0\n1\n")  # ids: read through the model's label map
+    (tmp_path / "label_ids.csv").write_text("false\nCPR:3\nCPR:4\nCPR:5\nCPR:6\nCPR:9\n")
+    rc, out = _run(capsys, ["evaluate", "re", "--gold", str(tmp_path / "g.txt"), "--pred", str(tmp_path / "p.txt"),
+                            "--label-ids", str(tmp_path / "label_ids.csv")])
     assert rc == 0 and out["precision"] == pytest.approx(0.5) and out["recall"] == pytest.approx(0.5)
 
 
