@@ -126,6 +126,9 @@ class QaDatasetConfig:
     answers (BioASQ measures when ``bioasq_golden`` is set); the checkpoint is chosen on it, never on test."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    bad_answer_start: Literal["error", "drop"] = "error"
+    """An answer whose ``answer_start`` does not point at its text: ``error`` (the file, line and question id),
+    or ``drop`` its question (counted in the log). Never trained as a wrong span or as "no answer"."""
 
 
 @dataclass

@@ -52,7 +52,7 @@ class QaTask:
         held_out: set[str] = set()
         if self.d.dev_holdout_fraction:  # dev carved from train by question: selection never sees test
             path = Path(self.d.data_dir) / self.d.train_file
-            examples = read_squad(path)
+            examples = read_squad(path, self.d.bad_answer_start)
             held_out = held_out_ids(examples, self.d.dev_holdout_fraction, str(path))
             log.info("%s: %d of %d examples held out as the dev split (model.dataset.dev_holdout_fraction=%s)",
                      path, len(held_out), len(examples), self.d.dev_holdout_fraction)
@@ -66,7 +66,7 @@ class QaTask:
 
     def _split(self, name: str, limit: int | None, training: bool, keep=None) -> QaSplit:
         path = Path(self.d.data_dir) / name
-        examples = read_squad(path)
+        examples = read_squad(path, self.d.bad_answer_start)
         examples = [e for e in examples if keep(e.qid)][:limit] if keep is not None else examples[:limit]
         if not self.d.version_2_with_negative:
             # SQuAD v1.1 semantics: every question has an answer (its official scorer cannot score others)

@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from bio_megatron.evaluation.bioasq import golden_factoids
+from bio_megatron.evaluation.inputs import load_json as load_text_json
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import load_json  # noqa: F401  (re-exported: tasks.qa, cli.evaluate)
 from bio_megatron.utils.log import get_logger
@@ -54,14 +55,24 @@ def _line_of(raw: str, needle: str) -> int | None:
     return raw.count("\n", 0, pos) + 1 if pos >= 0 else None
 
 
-def read_squad(path: str | Path) -> list[QAExample]:
-    """Examples of a SQuAD v1.1/v2.0 (or BioASQ-in-SQuAD-format) file, validated."""
-    data = load_json(path)
+def read_squad(path: str | Path, bad_answer_start: str | None = "error") -> list[QAExample]:
+    """Examples of a SQuAD v1.1/v2.0 (or BioASQ-in-SQuAD-format) file, validated.
+
+    An answer whose ``answer_start`` does not point at its text (``context[start:start + len(text)] != text``)
+    would train on the wrong span, or as "no answer" where it falls outside every window: with
+    ``bad_answer_start="error"`` it is a :class:`DataError` naming the file, line and question id, with
+    ``"drop"`` its question is left out and counted in the log, with ``None`` (answers unused: ``predict``)
+    it is not checked."""
+    if bad_answer_start not in ("error", "drop", None):
+        raise ValueError(f"bad_answer_start must be 'error', 'drop' or None, not {bad_answer_start!r}")
+    # strict UTF-8 (a bad byte is file and line, not a traceback), a BOM allowed
+    data = load_text_json(path, 'a SQuAD JSON object with a "data" list')
     path = str(path)
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
         raise DataError('expected a SQuAD JSON object with a "data" list', path)
     raw = None
-    examples = []
+    examples: list[QAExample] = []
+    dropped: list[str] = []
     for a, article in enumerate(data["data"]):
         for p, para in enumerate(article.get("paragraphs", [])):
             qas = para.get("qas", [])
@@ -82,10 +93,29 @@ def read_squad(path: str | Path) -> list[QAExample]:
                         raw = raw if raw is not None else Path(path).read_text(encoding="utf-8")
                         raise DataError(f"question {qa['id']}: answer needs 'text' and integer 'answer_start'",
                                         path, _line_of(raw, json.dumps(qa["id"])))
-                    if context[start:start + len(text)] != text:
-                        log.warning("question %s: answer %r is not at offset %d of its context", qa["id"], text, start)
+                bad = next((ans for ans in answers if not _at_start(context, ans)), None)
+                if bad is not None and bad_answer_start == "error":
+                    raw = raw if raw is not None else Path(path).read_text(encoding="utf-8")
+                    start, text = bad["answer_start"], bad["text"]
+                    raise DataError(f"question {qa['id']}: answer_start {start} does not point at the answer "
+                                    f"{text[:60]!r} (the context there reads {context[start:start + len(text)][:60]!r})"
+                                    f"; fix the file, or set model.dataset.bad_answer_start=drop to leave such "
+                                    f"questions out", path, _line_of(raw, json.dumps(qa["id"])))
+                if bad is not None and bad_answer_start == "drop":
+                    dropped.append(str(qa["id"]))
+                    continue
                 examples.append(QAExample(str(qa["id"]), qa["question"], context, answers, impossible))
+    if dropped:
+        log.warning("%s: %d question(s) dropped, their answer_start not pointing at the answer text "
+                    "(model.dataset.bad_answer_start=drop), e.g. %s", path, len(dropped), ", ".join(dropped[:3]))
     return examples
+
+
+def _at_start(context: str, answer: dict) -> bool:
+    start, text = answer["answer_start"], answer["text"]
+    if isinstance(start, bool) or start < 0:  # context[-3:] would read the end of the context
+        return False
+    return context[start:start + len(text)] == text
 
 
 def _max_context(windows: list[tuple[int, int]], w: int, pos: int) -> bool:
