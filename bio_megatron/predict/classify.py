@@ -14,10 +14,10 @@ from pathlib import Path
 import torch
 
 from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetuned
+from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.classify import ClassifyTask
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode
 from bio_megatron.utils.errors import DataError
-from bio_megatron.utils.io import iter_json_lines
 
 
 def dataset_config_of(path: str | Path):
@@ -49,7 +49,7 @@ def read_examples(path: str | Path, dataset_cfg) -> list[ClassifyExample]:
         return data.examples(path, **data.reader_options(dataset_cfg))
     want = '{"id", "text", "text_b"}' if data.pair else '{"id", "text"}'
     out, seen = [], set()
-    for lineno, rec in iter_json_lines(path, f"input file not found (expected JSON lines {want})"):
+    for lineno, rec in json_lines(path, f"JSON lines {want}"):
         if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
             raise DataError(f"expected an object {want} with a string \"text\"", str(path), lineno)
         second = rec.get("text_b")

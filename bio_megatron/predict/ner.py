@@ -16,29 +16,25 @@ import torch
 
 from bio_megatron.evaluation.conlleval import chunks
 from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.predict.inputs import json_lines, text_lines
 from bio_megatron.tasks.ner import NerTask
 from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions
 from bio_megatron.tasks.re_data import split_sentences
 from bio_megatron.utils.errors import DataError
-from bio_megatron.utils.io import iter_json_lines
 
 
 def read_documents(path: str | Path) -> Iterator[tuple[str, str]]:
-    """(id, text) of every document: ``.jsonl`` lines ``{"id": ..., "text": ...}``, else one document per line."""
+    """(id, text) of every document: ``.jsonl`` lines ``{"id": ..., "text": ...}``, else one document per line
+    (a blank line is a document without entities: the output keeps one record per input line)."""
     path = Path(path)
-    missing = "input file not found (expected text.txt or docs.jsonl)"
     if path.suffix == ".jsonl":
-        for lineno, rec in iter_json_lines(path, missing):
+        for lineno, rec in json_lines(path, 'docs.jsonl, one {"id", "text"} object per line'):
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                 raise DataError('expected an object with a "text" string', str(path), lineno)
             yield str(rec.get("id", lineno)), rec["text"]
         return
-    if not path.is_file():
-        raise DataError(missing, str(path))
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                yield str(lineno), line.rstrip("\r\n")
+    for lineno, line in text_lines(path, "text.txt (one document per line) or docs.jsonl"):
+        yield str(lineno), line
 
 
 def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, int]]]]:
@@ -66,6 +62,8 @@ def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, in
 @torch.no_grad()
 def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[dict]:
     """Entities of one document: ``{"text", "type", "start", "end"}`` with end-exclusive character offsets."""
+    if not text.strip():
+        return []
     sents = _word_spans(loaded, text)
     labels = loaded.labels
     label_map = {t: i for i, t in enumerate(labels)}

@@ -11,18 +11,18 @@ from pathlib import Path
 import torch
 
 from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.qa import QaTask
 from bio_megatron.tasks.qa_data import QAExample, build_features, postprocess, read_squad
 from bio_megatron.utils.errors import DataError
-from bio_megatron.utils.io import iter_json_lines
 
 
 def read_questions(path: str | Path) -> list[QAExample]:
     path = Path(path)
     if path.suffix != ".jsonl":
-        return read_squad(path)
+        return read_squad(path, None)  # its answers are not used: an answer_start is not checked
     out = []
-    for lineno, rec in iter_json_lines(path, "input file not found"):
+    for lineno, rec in json_lines(path, 'JSON lines {"id", "question", "context"}'):
         if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
             raise DataError('expected an object with a "question" string', str(path), lineno)
         if not isinstance(rec.get("context"), str) or not rec["context"].strip():
