@@ -296,19 +296,55 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
         full = read_hf_state(hf_dir, m.shape(), padded, src.task)
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
     load_full_state(model, full)
-    # save_model_checkpoint writes atomically into the absent path ``tmp``; the outer atomic_path then applies
-    # the folder rule (marker, --overwrite) when moving it onto ``out``.
-    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+    def save(tmp: Path) -> None:
         ckpt.save_model_checkpoint(
             tmp, model, cfg, src.vocab_file,
             {"imported_from": str(hf_dir), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
              "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
             files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
-    log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
+
+    report = save_verified(out, overwrite, save, (lambda tmp: verify_hf_import(hf_dir, tmp, tolerance)) if verify
+                           else None)
     result = {"out": str(out), "task": src.task, "labels": src.labels}
-    if verify:
-        result["verify"] = verify_hf_import(hf_dir, out, tolerance)
+    if report is not None:
+        result["verify"] = report
+        if not report["verified"]:
+            result["out"] = None
+            return result
+    log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
     return result
+
+
+class _VerifyFailed(Exception):
+    """Raised inside :func:`save_verified`'s atomic block so that the unverified checkpoint is never moved in."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__(report)
+        self.report = report
+
+
+def save_verified(out: str | Path, overwrite: bool, save, verify=None) -> dict | None:
+    """``save(tmp)`` writes the checkpoint into the absent hidden sibling ``tmp``; ``verify(tmp)`` (optional)
+    checks it there, before it is renamed onto ``out``. Above tolerance the sibling is removed and ``out`` is left
+    as it was (absent, or an earlier output under --overwrite): a failed ``--verify`` never leaves a checkpoint
+    that looks finished. Returns the verify report (None without ``verify``); the CLI exits 1 when it failed."""
+    report = None
+    try:
+        # save_model_checkpoint writes atomically into ``tmp``; atomic_path then applies the folder rule (marker,
+        # --overwrite) when moving it onto ``out``.
+        with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+            save(tmp)
+            if verify is not None:
+                report = verify(tmp)
+                report["checkpoint"] = str(out)  # where it lands: tmp is a hidden name that is gone afterwards
+                if not report["verified"]:
+                    raise _VerifyFailed(report)
+    except _VerifyFailed as failed:
+        report = failed.report
+        report["checkpoint"] = None
+        log.error("%s: not written: --verify found a max absolute difference of %.3g, above --tolerance %.3g (%s)",
+                  out, report["max_abs_diff"], report["tolerance"], report["reference"])
+    return report
 
 
 def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: float | None = None) -> dict:
@@ -344,4 +380,5 @@ def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: floa
         return {"logits": loaded.model(ids, mask, types)}
 
     return verify_import(reference, checkpoint, tolerance=tolerance, source=source, ours=ours,
-                         vocab_size=loaded.tokenizer.vocab_size, max_positions=loaded.cfg.model.max_position_embeddings)
+                         vocab_size=loaded.tokenizer.vocab_size, max_positions=loaded.cfg.model.max_position_embeddings,
+                         num_tokentypes=loaded.cfg.model.num_tokentypes)

@@ -80,10 +80,11 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.export.hf import IMPORT_COMMAND
+    from bio_megatron.export.hf import IMPORT_COMMAND, save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.hf import read_hf_weights
     from bio_megatron.loading.model import load_full_state
+    from bio_megatron.models.hf_convert import check_config_tensors
     from bio_megatron.models.electra import build_electra_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.training import checkpoint as ckpt
@@ -111,9 +112,12 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     tok = load_tokenizer(src.vocab_file, src.lowercase)
     padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
     # Every refusal that reads weights (shared embeddings, tied output) comes before a process group exists.
+    disc_sd, gen_sd = read_hf_weights(src.path), read_hf_weights(gen_dir) if gen_dir else None
+    check_config_tensors(disc_cfg, disc_sd, str(src.path))
+    if gen_sd is not None:
+        check_config_tensors(gen_cfg, gen_sd, str(gen_dir))
     try:
-        full = electra_hf_to_mcore(read_hf_weights(src.path), read_hf_weights(gen_dir) if gen_dir else None,
-                                   m.shape(), electra_shapes(m), padded, f"{gen_dir or src.path}")
+        full = electra_hf_to_mcore(disc_sd, gen_sd, m.shape(), electra_shapes(m), padded, f"{gen_dir or src.path}")
     except KeyError as exc:
         raise CheckpointError(f"{gen_dir or src.path}: weight {exc.args[0]} is missing (not an ELECTRA "
                               "checkpoint?)") from None
@@ -129,17 +133,24 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
                     m.generator_hidden_fraction)
     load_full_state(model, _stack_layers({**full, **fresh}, "generator."))
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
-    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+    def save(tmp: Path) -> None:
         ckpt.save_model_checkpoint(
             tmp, model, cfg, src.vocab_file,
             {"imported_from": str(src.path), "generator_from": str(gen_dir) if gen_dir else None,
              "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False}, "task": None,
              "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": None})
-    log.info("imported ELECTRA %s%s -> %s", src.path, f" + {gen_dir}" if gen_dir else "", out)
+
+    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
+    check = (lambda tmp: verify_electra_import(src.path, gen_dir, tmp, tolerance)) if verify else None
+    report = save_verified(out, overwrite, save, check)
     result = {"out": str(out), "task": None, "labels": None, "objective": "electra",
               "generator_hidden_fraction": m.generator_hidden_fraction, "fresh": missing}
-    if verify:
-        result["verify"] = verify_electra_import(src.path, gen_dir, out, tolerance)
+    if report is not None:
+        result["verify"] = report
+        if not report["verified"]:
+            result["out"] = None
+            return result
+    log.info("imported ELECTRA %s%s -> %s", src.path, f" + {gen_dir}" if gen_dir else "", out)
     return result
 
 

@@ -33,14 +33,15 @@ Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], dict[str, torch.T
 FP32_TOLERANCE = 1e-4  # fp32 logits of the same weights through two implementations differ by ~1e-6
 
 
-def fixed_batch(vocab_size: int, max_positions: int, seq: int = 24, seed: int = 7):
-    """(input_ids, attention_mask, token_type_ids): 3 rows, two of them padded, token types 0 then 1."""
+def fixed_batch(vocab_size: int, max_positions: int, seq: int = 24, seed: int = 7, num_tokentypes: int = 2):
+    """(input_ids, attention_mask, token_type_ids): 3 rows, two of them padded, token types 0 then 1 (all 0 for
+    a model with one token type, such as RoBERTa)."""
     seq = min(seq, max_positions)
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(min(5, vocab_size - 1), vocab_size, (3, seq), generator=g)
     lens = torch.tensor([seq, max(2, 2 * seq // 3), max(2, seq // 3)])
     mask = (torch.arange(seq)[None] < lens[:, None]).long()
-    types = (torch.arange(seq)[None] >= (lens[:, None] // 2)).long() * mask
+    types = (torch.arange(seq)[None] >= (lens[:, None] // 2)).long() * mask * int(num_tokentypes > 1)
     ids = ids * mask  # [PAD] (id 0) where padded, as a tokenizer gives it
     return ids, mask, types
 
@@ -69,18 +70,49 @@ def hf_reference(state: dict[str, torch.Tensor], shape: ModelShape, vocab_size: 
     return forward
 
 
-def checkpoint_forward(checkpoint: str | Path) -> tuple[Forward, int, int]:
-    """Our pretraining checkpoint (any saved layout) at TP1: (forward, vocab size, max positions)."""
-    from bio_megatron.interchange.megatron_lm import load_ours
+def load_pretraining(checkpoint: str | Path):
+    """Our pretraining checkpoint (any saved layout, either block type, WordPiece or byte-level BPE vocabulary)
+    as a TP1 model in eval mode: (model, ModelConfig, tokenizer). Unlike ``megatron_lm.load_ours`` it admits
+    every family ``import hf`` writes: verification of a post-LN BERT or a RoBERTa import reads it back here."""
+    import yaml
 
-    model, m, tok, _ = load_ours(checkpoint)
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.models.bert import build_model
+    from bio_megatron.training.checkpoint import load_checkpoint
+    from bio_megatron.vocab.bpe import load_tokenizer
+
+    single_process()
+    src = resolve_source(checkpoint)
+    if src.kind != "checkpoint" or src.task is not None:
+        raise CheckpointError(f"{checkpoint}: not a pretraining checkpoint of ours (verify reads one back)")
+    raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
+    m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
+                    attention_dropout=0.0, transformer_impl="local")
+    tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
+    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
+        m.make_vocab_size_divisible_by = int(src.padded_vocab)
+    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True).eval()
+    load_checkpoint(src.path, model, model_only=True)
+    return model, m, tok
+
+
+def _checkpoint_model(checkpoint: str | Path) -> tuple[Forward, int, int, int]:
+    """(forward, vocab size, max positions, token types) of our pretraining checkpoint at TP1."""
+    model, m, tok = load_pretraining(checkpoint)
 
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         out = model(ids, mask, tokentype_ids=types)
         lm, nsp = out if isinstance(out, tuple) else (out, None)
         return {"mlm": lm, **({"nsp": nsp} if nsp is not None else {})}
 
-    return forward, tok.vocab_size, m.max_position_embeddings
+    return forward, tok.vocab_size, m.max_position_embeddings, m.num_tokentypes
+
+
+def checkpoint_forward(checkpoint: str | Path) -> tuple[Forward, int, int]:
+    """Our pretraining checkpoint (any saved layout) at TP1: (forward, vocab size, max positions)."""
+    return _checkpoint_model(checkpoint)[:3]
 
 
 def compare(reference: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], mask: torch.Tensor,
@@ -104,15 +136,15 @@ def compare(reference: dict[str, torch.Tensor], ours: dict[str, torch.Tensor], m
 @torch.no_grad()
 def verify_import(reference: Forward, checkpoint: str | Path, *, tolerance: float = FP32_TOLERANCE,
                   source: str = "source", ours: Forward | None = None, vocab_size: int | None = None,
-                  max_positions: int | None = None, seq: int = 24) -> dict:
+                  max_positions: int | None = None, seq: int = 24, num_tokentypes: int = 2) -> dict:
     """Run ``reference`` and the imported ``checkpoint`` (or ``ours``) on :func:`fixed_batch`; returns
     ``{"verified", "max_abs_diff", "outputs": {name: diff}, "tolerance", "reference", "batch"}``.
-    ``vocab_size`` / ``max_positions`` are required only with ``ours``."""
+    ``vocab_size`` / ``max_positions`` (and ``num_tokentypes``) are required only with ``ours``."""
     if ours is None:
-        ours, vocab_size, max_positions = checkpoint_forward(checkpoint)
+        ours, vocab_size, max_positions, num_tokentypes = _checkpoint_model(checkpoint)
     if vocab_size is None or max_positions is None:
         raise ValueError("verify_import: pass vocab_size and max_positions together with ours")
-    ids, mask, types = fixed_batch(vocab_size, max_positions, seq)
+    ids, mask, types = fixed_batch(vocab_size, max_positions, seq, num_tokentypes=num_tokentypes)
     diffs = compare(reference(ids, mask, types), ours(ids, mask, types), mask, vocab_size)
     worst = max(diffs.values())
     return {"verified": bool(worst <= tolerance), "max_abs_diff": worst, "outputs": diffs, "tolerance": tolerance,

@@ -12,7 +12,8 @@ import torch
 from bio_megatron.config.sizes import ModelShape
 from bio_megatron.loading.hf_heads import PLAIN_CLASS, apply_head, hf_to_head, source_head
 from bio_megatron.loading.source import Source, resolve_source
-from bio_megatron.models.hf_convert import hf_to_mcore, roberta_position_offset, roberta_to_bert
+from bio_megatron.models.hf_convert import (check_config_tensors, hf_to_mcore, roberta_position_offset,
+                                           roberta_to_bert)
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 
@@ -22,6 +23,7 @@ def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: 
     path = Path(path)
     hsd = read_hf_weights(path)
     hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
+    check_config_tensors(hf_cfg, hsd, str(path))  # before any renaming: the message names the file's tensors
     if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
         hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
     elif hf_cfg.get("model_type") == "electra":  # the discriminator's encoder under BERT's names (no heads)

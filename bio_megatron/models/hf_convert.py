@@ -14,6 +14,8 @@ here (converters written by others degraded models through them):
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from bio_megatron.config.sizes import ModelShape
@@ -109,6 +111,70 @@ def hf_shape(cfg: dict, where: str) -> dict:
             "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
             "max_position_embeddings": cfg["max_position_embeddings"] - offset, "num_tokentypes": cfg["type_vocab_size"],
             "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12), "transformer_block_type": block_type}
+
+
+_LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
+
+
+def _find(hsd: dict[str, torch.Tensor], suffix: str) -> tuple[str, torch.Tensor] | None:
+    """The tensor whose name ends with ``suffix`` under the shortest prefix (``bert.``, ``roberta.``, none)."""
+    names = sorted((k for k in hsd if k == suffix or k.endswith("." + suffix)), key=len)
+    return (names[0], hsd[names[0]]) if names else None
+
+
+def config_tensor_problems(cfg: dict, hsd: dict[str, torch.Tensor]) -> list[str]:
+    """Where an HF ``config.json`` disagrees with the weights stored beside it, each naming the config key, its
+    value, the tensor and its shape. The model is built from the config and filled from the tensors: without this
+    a config with fewer layers than the file silently drops the rest, and other disagreements end in a shape
+    error deep in the load (or, for positions and vocabulary, in rows the model never reads)."""
+    problems = []
+
+    def rows(key: str, value: int, suffix: str, what: str) -> None:
+        found = _find(hsd, suffix)
+        if found is not None and isinstance(value, int) and found[1].dim() >= 1 and found[1].shape[0] != value:
+            problems.append(f"{key} {value} but {found[0]} has shape {list(found[1].shape)} "
+                            f"({found[1].shape[0]} {what})")
+
+    def width(key: str, value: int, suffix: str, dim: int, what: str) -> None:
+        found = _find(hsd, suffix)
+        if found is not None and isinstance(value, int) and found[1].dim() > dim and found[1].shape[dim] != value:
+            problems.append(f"{key} {value} but {found[0]} has shape {list(found[1].shape)} ({what} "
+                            f"{found[1].shape[dim]})")
+
+    hidden = cfg.get("hidden_size")
+    rows("vocab_size", cfg.get("vocab_size"), "embeddings.word_embeddings.weight", "vocabulary rows")
+    rows("type_vocab_size", cfg.get("type_vocab_size"), "embeddings.token_type_embeddings.weight", "token types")
+    # RoBERTa's padding_idx + 1 rows before the first real position count in max_position_embeddings too
+    rows("max_position_embeddings", cfg.get("max_position_embeddings"), "embeddings.position_embeddings.weight",
+         "positions")
+    electra = cfg.get("model_type") == "electra" and "embedding_size" in cfg  # E may differ from H there
+    width("embedding_size" if electra else "hidden_size", cfg["embedding_size"] if electra else hidden,
+          "embeddings.word_embeddings.weight", 1, "width")
+    layers = sorted({int(m.group(1)) for k in hsd for m in [_LAYER.search(k)] if m})
+    expected = cfg.get("num_hidden_layers")
+    if layers and isinstance(expected, int) and layers != list(range(expected)):
+        first = next(k for k in sorted(hsd) if _LAYER.search(k))
+        where = first[: _LAYER.search(first).start(1)]
+        problems.append(f"num_hidden_layers {expected} but the weights hold {len(layers)} layers "
+                        f"({where}{{{layers[0]}..{layers[-1]}}}.*)")
+    if layers:
+        width("hidden_size", hidden, f"encoder.layer.{layers[0]}.attention.self.query.weight", 1, "input width")
+        rows("hidden_size", hidden, f"encoder.layer.{layers[0]}.attention.self.query.weight", "output rows")
+        rows("intermediate_size", cfg.get("intermediate_size"),
+             f"encoder.layer.{layers[0]}.intermediate.dense.weight", "output rows")
+        heads = cfg.get("num_attention_heads")
+        query = _find(hsd, f"encoder.layer.{layers[0]}.attention.self.query.weight")
+        if query is not None and isinstance(heads, int) and heads > 0 and query[1].shape[0] % heads:
+            problems.append(f"num_attention_heads {heads} does not divide the {query[1].shape[0]} rows of "
+                            f"{query[0]} {list(query[1].shape)}")
+    return problems
+
+
+def check_config_tensors(cfg: dict, hsd: dict[str, torch.Tensor], where: str) -> None:
+    """CheckpointError (one line) when ``config.json`` and the weights beside it disagree."""
+    problems = config_tensor_problems(cfg, hsd)
+    if problems:
+        raise CheckpointError(f"{where}/config.json disagrees with the weights beside it: " + "; ".join(problems))
 
 
 def _normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

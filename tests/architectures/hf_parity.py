@@ -1,5 +1,6 @@
 """What the Hugging Face parity tests share: the padded batch, a random tiny HF model whose LayerNorms and biases
-are moved off 1 and 0, ``import hf`` of it as a module fixture, our logits of the imported checkpoint at a TP x PP
+are moved off 1 and 0, ``bio-megatron import hf --verify`` of it through the CLI as a module fixture (so that
+verification of every family is exercised as users run it), our logits of the imported checkpoint at a TP x PP
 layout (megatron-core's pipeline schedule, gathered over TP), the fine-tuning encoder's hidden states, and the
 ``export hf`` round trips compared with our own logits. The functions that build models run inside
 ``run_world`` children (torch.distributed never starts in the pytest process)."""
@@ -48,10 +49,21 @@ def masked_max_diff(got, ref, valid) -> float:
     return float(abs(got - ref)[valid].max())
 
 
-def import_hf_folder(hf_dir: str, out: str) -> dict:
-    from bio_megatron.export.hf import import_hf
+def import_hf_folder(hf_dir: str, out: str, *extra: str) -> dict:
+    """``bio-megatron import hf --model hf_dir --out out --verify`` through the CLI, as a user runs it (in a
+    ``run_world`` child): transformers' own class for the folder's family against the written checkpoint. The
+    printed JSON summary, with the exit code under ``rc``."""
+    import contextlib
+    import io
+    import json
 
-    return import_hf(hf_dir, out)
+    from bio_megatron.cli import main
+
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        rc = main(["import", "hf", "--model", hf_dir, "--out", out, "--verify", *extra])
+    text = stdout.getvalue()
+    return {"rc": rc, **(json.loads(text[text.index("{"):]) if "{" in text else {"stdout": text})}
 
 
 def imported(tmp_path_factory, name: str, make_hf: Callable[[str], dict]) -> tuple[Path, dict]:
@@ -60,7 +72,10 @@ def imported(tmp_path_factory, name: str, make_hf: Callable[[str], dict]) -> tup
     root = tmp_path_factory.mktemp(name)
     (ref,) = run_world(1, make_hf, str(root / "hf"))
     (info,) = run_world(1, import_hf_folder, str(root / "hf"), str(root / "ckpt"))
-    assert info["task"] is None
+    # the import was verified against transformers (exit 0, within fp32 tolerance) before any layout is compared
+    assert info["rc"] == 0 and info["task"] is None, info
+    assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
+    ref["import"] = info
     return root, ref
 
 

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from architectures.hf_parity import (ROOT, VOCAB_FILE, encoder_hidden_diff, finetune_ner_and_export,
+from architectures.hf_parity import (ROOT, VOCAB_FILE, encoder_hidden_diff, finetune_ner_and_export, import_hf_folder,
                                      masked_max_diff, padded_batch, perturb_norms_and_biases, vocab_lines)
 from harness import run_world
 
@@ -39,11 +39,10 @@ def _batch(vocab: int):
 
 
 def _make_and_import(root: str) -> dict:
-    """Both HF folders, their logits on the batch, and ``import hf --generator --verify`` of them."""
+    """Both HF folders, their logits on the batch, and ``bio-megatron import hf --generator --verify`` of them
+    (through the CLI, as a user runs it)."""
     import torch
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
-
-    from bio_megatron.export.hf import import_hf
 
     vocab = vocab_lines()
     dcfg, gcfg = _configs(vocab)
@@ -64,7 +63,8 @@ def _make_and_import(root: str) -> dict:
     with torch.no_grad():
         out["hidden"] = models["disc"].electra(input_ids=ids, attention_mask=amask,
                                                token_type_ids=types).last_hidden_state.numpy()
-    out["import"] = import_hf(f"{root}/disc", f"{root}/ckpt", verify=True, generator=f"{root}/gen")
+    out["import"] = import_hf_folder(f"{root}/disc", f"{root}/ckpt", "--generator", f"{root}/gen")
+    assert out["import"]["rc"] == 0, out["import"]
     return out
 
 
@@ -206,10 +206,10 @@ def _finetune_sources(root: str) -> dict:
     import numpy as np
     import torch
 
-    from bio_megatron.export.hf import import_hf
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 
-    alone = import_hf(f"{root}/disc", f"{root}/ckpt_disc_only", verify=True)
+    alone = import_hf_folder(f"{root}/disc", f"{root}/ckpt_disc_only")
+    assert alone["rc"] == 0, alone
     init_distributed()
     init_model_parallel(1, 1, seed=1)
     ids, amask, types = _batch(vocab_lines())
