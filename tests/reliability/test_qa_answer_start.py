@@ -11,6 +11,8 @@ import logging
 import os
 from pathlib import Path
 
+import pytest
+
 from reliability.cli_log import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +63,19 @@ def test_qa_answer_start_off_by_one_dropped_with_a_count_when_chosen(tmp_path):
                                 "trainer.max_epochs=1", "model.dataset.max_eval_examples=4"))
     assert res["rc"] == 0, res
     assert "1 question(s) dropped" in res["msg"] and qid in res["msg"], res
+
+
+def test_negative_or_boolean_answer_start_is_refused(tmp_path):
+    """``context[-3:]`` would read the end of the context, and ``True`` is an int to Python."""
+    from bio_megatron.tasks.qa_data import read_squad
+    from bio_megatron.utils.errors import DataError
+
+    for start in (-3, True):
+        data = {"version": "v2.0", "data": [{"title": "t", "paragraphs": [
+            {"context": "a cell bcl", "qas": [{"id": "q1", "question": "Which?", "is_impossible": False,
+                                               "answers": [{"text": "bcl", "answer_start": start}]}]}]}]}
+        path = tmp_path / "train.json"
+        path.write_text(json.dumps(data, indent=1))
+        with pytest.raises(DataError, match="question q1: answer_start"):
+            read_squad(path)
+        assert read_squad(path, "drop") == []
