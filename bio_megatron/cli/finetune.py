@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from bio_megatron.utils.errors import ConfigError
 
@@ -65,7 +66,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.tasks.sweep import run_sweep
+    from bio_megatron.training.guards import check_sweep_dir, mark_sweep_dir
 
+    sweep_dir = Path(cfg.exp_manager.exp_dir) / cfg.exp_manager.name  # results.json/md and a folder per seed
+    check_sweep_dir(sweep_dir)  # every rank alike, before any of them starts
+    if world.rank == 0:
+        mark_sweep_dir(sweep_dir)
     try:
         summary = run_sweep(cfg, seeds, args.grid)
     finally:

@@ -16,7 +16,7 @@ from typing import Literal
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.pretrain import (ExpManagerConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
                                           TrainerConfig)
-from bio_megatron.config.pretrain import encoder_problems
+from bio_megatron.config.pretrain import encoder_problems, run_dir_problems
 from bio_megatron.utils.errors import ConfigError
 
 TASKS = ("ner", "re", "qa", "classify")
@@ -236,7 +236,7 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     """Encoder/layout checks of the pretraining config plus the task's own, all reported together."""
     m, d = cfg.model, cfg.model.dataset
     # trainer.max_steps may be -1 here (derived from max_epochs), so only the encoder's checks are shared.
-    problems = encoder_problems(m, cfg.trainer, world_size)
+    problems = encoder_problems(m, cfg.trainer, world_size) + run_dir_problems(cfg.exp_manager)
     if cfg.trainer.max_steps < 1 and cfg.trainer.max_steps != -1:
         problems.append(f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1 (or -1: from max_epochs)")
     vci = cfg.trainer.val_check_interval

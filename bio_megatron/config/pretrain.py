@@ -7,6 +7,7 @@ Problems are collected and raised together (see ``validate``), quoting the offen
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -14,6 +15,7 @@ from typing import Literal
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
 from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.io import system_folder
 
 
 @dataclass
@@ -208,6 +210,26 @@ class RunConfig:
         return Path(self.exp_manager.exp_dir) / self.exp_manager.name
 
 
+def run_dir_problems(e: ExpManagerConfig) -> list[str]:
+    """The run folder stays inside ``exp_manager.exp_dir``: ``name`` is a relative path of plain folder names
+    (no ``..`` or ``.``, not absolute; fine-tuning's sweep itself adds ``/seedN``), since a name like ``../x`` or
+    ``/etc`` would place the run, and its deletions of stale saves, anywhere. ``exp_dir`` itself may be any path
+    of the user's (absolute is meant), but not a system folder."""
+    name, problems = e.name, []
+    parts = name.split("/") if isinstance(name, str) else []
+    if not parts or any(p in ("", ".", "..") for p in parts) or "\\" in name or "\0" in name:
+        problems.append(f"exp_manager.name ({name!r}) must stay inside exp_manager.exp_dir: folder names only, no "
+                        "'..', not absolute (put the path in exp_manager.exp_dir)")
+    elif isinstance(e.exp_dir, str) and e.exp_dir:
+        system = system_folder(Path(os.path.realpath(Path(e.exp_dir) / name)))
+        if system is not None:
+            problems.append(f"exp_manager.exp_dir ({e.exp_dir}) places the run in a system folder ({system}); "
+                            "choose a folder of your own")
+    if not isinstance(e.exp_dir, str) or not e.exp_dir:
+        problems.append(f"exp_manager.exp_dir ({e.exp_dir!r}) must be a folder path")
+    return problems
+
+
 @dataclass
 class PretrainConfig(RunConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -221,6 +243,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
     problems += encoder_problems(cfg.model, cfg.trainer, world_size)
     problems += objective_problems(cfg.model)
+    problems += run_dir_problems(cfg.exp_manager)
     if cfg.model.require_restore_from_path and not cfg.model.restore_from_path:
         problems.append(f"model.restore_from_path is required by this recipe: {cfg.model.require_restore_from_path}")
     if problems:

@@ -8,14 +8,19 @@ out of step with each other, or the job hung in a collective.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
+import os
+import re
 from pathlib import Path
 from typing import Iterator
 
 import torch
 import torch.distributed as dist
 
-from bio_megatron.utils.errors import BioMegatronError, LockError
+from bio_megatron import __version__
+from bio_megatron.utils.errors import BioMegatronError, LockError, OutputError
+from bio_megatron.utils.io import OUTPUT_MARKER, write_json_atomic
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 
@@ -65,21 +70,117 @@ def params_finite(model) -> bool:
     return not any_rank(_nonfinite([p.detach() for p in model.parameters()]))
 
 
+# What a run of ours leaves at the top of its folder, by command: how a run folder from before the marker
+# (``.bio_megatron_output.json``, written into every run folder now) is still recognised and resumed.
+# A ``checkpoints/`` folder alone is not enough: it is a common name, and fine-tuning deletes the one it finds.
+_RUN_FILES = {"pretrain": ("status.json", "metrics.jsonl"), "finetune": ("results.json", "resume")}
+_IGNORED = ("run.lock", OUTPUT_MARKER)
+
+
+def _marker(run_dir: Path) -> dict | None:
+    try:
+        marker = json.loads((run_dir / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def check_run_dir(run_dir: Path, command: str) -> None:
+    """Refuse (:class:`OutputError`, exit 2) to run in a folder that holds something other than a ``command`` run
+    of ours: a run writes metrics, checkpoints and status files into its folder and fine-tuning deletes its
+    ``checkpoints/`` there, so a folder of the user's (or another command's output) is never used as one.
+    Absent or empty (but for a lock) is a new run; our marker or, for older runs, the files a run writes make
+    it ours (resumed as before)."""
+    run_dir = Path(run_dir)
+    key = "exp_manager.exp_dir/exp_manager.name"
+    if not run_dir.exists() and not run_dir.is_symlink():
+        return
+    if not run_dir.is_dir():
+        raise OutputError(f"{run_dir}: the run folder ({key}) exists and is not a folder; choose another "
+                          "exp_manager.name")
+    try:
+        names = [n for n in os.listdir(run_dir) if n not in _IGNORED]
+    except OSError as exc:
+        raise OutputError(f"{run_dir}: the run folder cannot be read ({exc.strerror})") from None
+    marker = _marker(run_dir)
+    if marker is not None:
+        if marker.get("command") == command:
+            return
+        what = f"a `{marker['command']}` output" if marker.get("command") else f"an unreadable {OUTPUT_MARKER}"
+        raise OutputError(f"{run_dir}: the run folder ({key}) holds {what}, not a {command} run; refusing to "
+                          "write into it: choose another exp_manager.name")
+    if not names or any(n in names for n in _RUN_FILES[command]):
+        return
+    shown = ", ".join(sorted(names)[:3]) + (" ..." if len(names) > 3 else "")
+    raise OutputError(f"{run_dir}: the run folder ({key}) is not empty ({shown}) and is not a {command} run of "
+                      f"ours (no {OUTPUT_MARKER}, {', '.join(_RUN_FILES[command])}); refusing to write into it: "
+                      "choose another exp_manager.name or exp_manager.exp_dir")
+
+
+_SWEEP_ENTRY = re.compile(r"(layers\d+_width\d+|seed-?\d+|results\.json|results\.md)")
+
+
+def check_sweep_dir(folder: Path) -> None:
+    """Refuse (:class:`OutputError`) a fine-tuning sweep folder (``exp_dir/name``, which gets ``results.json``,
+    ``results.md`` and one folder per seed) that holds anything a sweep does not write, unless a sweep of ours
+    marked it. Then mark it (the caller is global rank 0 or a single process)."""
+    folder = Path(folder)
+    if not folder.exists() and not folder.is_symlink():
+        return
+    if not folder.is_dir():
+        raise OutputError(f"{folder}: the experiment folder (exp_manager.exp_dir/exp_manager.name) exists and is "
+                          "not a folder; choose another exp_manager.name")
+    marker = _marker(folder)
+    if marker is not None:
+        if marker.get("command") == "finetune sweep":
+            return
+        what = f"a `{marker['command']}` output" if marker.get("command") else f"an unreadable {OUTPUT_MARKER}"
+        raise OutputError(f"{folder}: the experiment folder holds {what}, not a fine-tuning sweep; refusing to "
+                          "write into it: choose another exp_manager.name")
+    foreign = sorted(n for n in os.listdir(folder) if not _SWEEP_ENTRY.fullmatch(n))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
+        raise OutputError(f"{folder}: the experiment folder (exp_manager.exp_dir/exp_manager.name) holds files "
+                          f"that no fine-tuning sweep writes ({shown}); refusing to write into it: choose "
+                          "another exp_manager.name or exp_manager.exp_dir")
+
+
+def mark_sweep_dir(folder: Path) -> None:
+    """Mark ``folder`` as a fine-tuning sweep's (global rank 0 only), once :func:`check_sweep_dir` accepted it."""
+    if _marker(Path(folder)) is None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(Path(folder) / OUTPUT_MARKER, {"command": "finetune sweep", "version": __version__})
+
+
+def _claim_run_dir(run_dir: Path, command: str) -> None:
+    """Checked again under the lock (the folder may have changed meanwhile), then marked as ``command``'s run."""
+    check_run_dir(run_dir, command)
+    if _marker(run_dir) is None:
+        write_json_atomic(run_dir / OUTPUT_MARKER, {"command": command, "version": __version__})
+
+
 @contextlib.contextmanager
-def run_dir_lock(run_dir: Path, what: str) -> Iterator[None]:
+def run_dir_lock(run_dir: Path, what: str, command: str | None = None) -> Iterator[None]:
     """Hold ``<run_dir>/run.lock`` for the ``with`` block, or raise the same error on every rank.
 
     Only global rank 0 takes the lock (ranks may sit on several nodes; one holder per run); the others
     learn the outcome from it, so a second run into the same directory fails on all ranks at once,
     before any of them writes there. Released at the end and on any error (and by the kernel on a crash).
+    A folder that is not a ``command`` run of ours is refused the same way (:func:`check_run_dir`); ``command``
+    defaults to what ``what`` names: fine-tuning's "experiment directory", else pretraining's run directory.
     """
+    command = command or ("finetune" if what.startswith("experiment directory") else "pretrain")
     rank = dist.get_rank() if dist.is_initialized() else 0
     with contextlib.ExitStack() as stack:
         outcome: list[tuple[str, str] | None] = [None]
         error: BioMegatronError | None = None
         if rank == 0:
             try:
+                check_run_dir(Path(run_dir), command)  # before the lock file is created in a folder not ours
                 stack.enter_context(exclusive_lock(Path(run_dir) / "run.lock", what))
+                _claim_run_dir(Path(run_dir), command)
             except BioMegatronError as exc:
                 error, outcome[0] = exc, (type(exc).__name__, str(exc))
         if dist.is_initialized() and dist.get_world_size() > 1:

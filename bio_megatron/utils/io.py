@@ -121,7 +121,7 @@ SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/li
 _MAX_SCANNED = 200_000  # files of an input folder compared with an existing output (a PubMed baseline: ~1,300)
 
 
-def _system_path(path: Path) -> str | None:
+def system_folder(path: Path) -> str | None:
     """The system folder ``path`` is (or is in), or None; ``path`` is absolute."""
     text = str(path)
     if text == "/":
@@ -161,7 +161,7 @@ def check_output_path(target: str | os.PathLike, inputs: list[str | os.PathLike]
     given = Path(os.path.abspath(target))
     real = Path(os.path.realpath(target))
     for path in (given, real):
-        system = _system_path(path)
+        system = system_folder(path)
         if system is not None:
             where = "the root folder" if system == "/" else f"a system folder ({system})"
             raise OutputError(f"{target}: {what} would be written in {where}; refusing to write there, "

@@ -37,13 +37,14 @@ def _assert_refused(results: list, holder_pid: int, run: Path) -> None:
 
 def test_second_pretraining_into_a_live_run_dir_exits_2(pubmed_prefix, tmp_path):
     run = tmp_path / "shared"
-    run.mkdir()
-    (run / USER_FILE).write_text("the user's own file\n")
     steps = 30
     first = start_world(2, pretrain_rank, overrides(pubmed_prefix, tmp_path, "shared", tp=2, steps=steps, every=10,
                                                     save_last=True))
     try:
         _wait_for(run / "run.lock", first)
+        # A user's file put into the live run's folder: kept (a folder of the user's own is refused as a run
+        # folder altogether: test_run_dirs.py).
+        (run / USER_FILE).write_text("the user's own file\n")
         t0 = time.time()
         second = run_world(2, cli_rank, ["pretrain", "--config", str(TINY),
                                          *overrides(pubmed_prefix, tmp_path, "shared", tp=2, steps=3)])
