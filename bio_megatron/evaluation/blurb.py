@@ -259,7 +259,7 @@ def pearson_scores(gold: Sequence[float], pred: Sequence[float]) -> PearsonResul
     for side, v in (("gold", x), ("predicted", y)):
         bad = np.flatnonzero(~np.isfinite(v))
         if bad.size:  # the readers refuse these with file and line; a caller passing them gets no NaN score
-            raise DataError(f"{side} score {v[bad[0]]!r} (pair {bad[0] + 1}) is not a finite number")
+            raise DataError(f"{side} score {float(v[bad[0]])!r} (pair {bad[0] + 1}) is not a finite number")
     dx, dy = _centred_unit(x), _centred_unit(y)
     sxx, syy = float(dx @ dx), float(dy @ dy)
     if sxx == 0.0 or syy == 0.0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from pathlib import Path
 
@@ -84,6 +85,14 @@ def test_biosses_pearson_equals_scipy_on_real_gold():
     assert pearson_scores(gold, [-g for g in gold]).pearson == pytest.approx(-1.0)
     with pytest.raises(DataError, match="all predicted scores are equal"):
         pearson_scores(gold, [2.0] * len(gold))
+
+
+def test_pearson_of_a_model_that_outputs_nan_is_an_error_not_one():
+    """Fine-tuning scores BIOSSES with pearson_scores directly (tasks/classify_data.py): a NaN output came out as
+    r = 1.0 (min(1.0, nan) is 1.0), which checkpoint selection would have kept as the best."""
+    for bad in (math.nan, math.inf):
+        with pytest.raises(DataError, match=r"predicted score (nan|inf) \(pair 2\) is not a finite number"):
+            pearson_scores([1.0, 2.0, 3.0], [1.0, bad, 2.5])
 
 
 @needs_shared
