@@ -18,16 +18,29 @@ from bio_megatron.utils.errors import DataError
 
 
 def read_questions(path: str | Path) -> list[QAExample]:
+    """Questions of a SQuAD JSON or JSON lines ``{"id", "question", "context"}``, each id once: the output maps
+    id -> answer, so a repeated id would silently keep only one of the answers."""
     path = Path(path)
     if path.suffix != ".jsonl":
-        return read_squad(path, None)  # its answers are not used: an answer_start is not checked
-    out = []
+        examples = read_squad(path, None)  # its answers are not used: an answer_start is not checked
+        seen: set[str] = set()
+        for e in examples:
+            if e.qid in seen:
+                raise DataError(f"question id {e.qid!r} is used twice (the output maps id -> answer)", str(path))
+            seen.add(e.qid)
+        return examples
+    out, lines = [], {}
     for lineno, rec in json_lines(path, 'JSON lines {"id", "question", "context"}'):
         if not isinstance(rec, dict) or not isinstance(rec.get("question"), str) or not rec["question"].strip():
             raise DataError('expected an object with a "question" string', str(path), lineno)
         if not isinstance(rec.get("context"), str) or not rec["context"].strip():
             raise DataError(f'question {rec.get("id", lineno)!r} has no "context" text', str(path), lineno)
-        out.append(QAExample(str(rec.get("id", lineno)), rec["question"], rec["context"]))
+        qid = str(rec.get("id", lineno))
+        if qid in lines:
+            raise DataError(f"question id {qid!r} is used twice (also on line {lines[qid]}; the output maps id -> "
+                            f"answer)", str(path), lineno)
+        lines[qid] = lineno
+        out.append(QAExample(qid, rec["question"], rec["context"]))
     return out
 
 

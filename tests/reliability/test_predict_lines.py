@@ -60,3 +60,20 @@ def test_predict_qa_refuses_invalid_utf8_naming_the_line(tmp_path):
     line = SQUAD.read_bytes().split(b'"context": "', 1)[0].count(b"\n") + 1
     rc, msg = run_cli(["predict", "qa", "--checkpoint", str(tmp_path / "none"), "--input", str(data)])
     assert rc == 2 and f"{data}:{line}: not UTF-8 text" in msg, msg
+
+
+def test_predict_qa_refuses_a_repeated_question_id(tmp_path):
+    """The output maps id -> answer: a second question with the same id silently replaced the first's answer."""
+    qs = tmp_path / "qs.jsonl"
+    qs.write_text('{"id": "a", "question": "Which?", "context": "the cell"}\n'
+                  '{"id": "b", "question": "Which?", "context": "the gene"}\n'
+                  '{"id": "a", "question": "What?", "context": "the gene"}\n')
+    rc, msg = run_cli(["predict", "qa", "--checkpoint", str(tmp_path / "none"), "--input", str(qs)])
+    assert rc == 2 and f"{qs}:3: question id 'a' is used twice (also on line 1" in msg, msg
+    data = json.loads(SQUAD.read_text())
+    qas = data["data"][0]["paragraphs"][0]["qas"]
+    qas[1]["id"] = qas[0]["id"]
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps(data))
+    rc, msg = run_cli(["predict", "qa", "--checkpoint", str(tmp_path / "none"), "--input", str(dev)])
+    assert rc == 2 and f"question id {qas[0]['id']!r} is used twice" in msg, msg
