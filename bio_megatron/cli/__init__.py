@@ -38,7 +38,7 @@ _COMMAND_MODULES = (
 # are named like these gets the check for free.
 INPUT_DESTS = ("input", "checkpoint", "model", "generator", "gold", "pred", "data", "predictions", "nbest",
                "na_prob_file", "golden", "label_ids", "files", "train", "eval", "ner_file", "vocab", "config")
-OUTPUT_DESTS = ("out", "output", "json_out", "output_prefix")
+OUTPUT_DESTS = ("out", "output", "json_out", "json", "output_prefix")
 _SUBCOMMAND_DESTS = ("task", "evaluate_command", "data_command", "vocab_command", "format", "analyse_command")
 # Single-file outputs whose command does not already refuse a folder or an unwritable place before its work.
 _FILE_OUTPUTS = {("data", "pubmed"): "output", ("data", "pmc"): "output", ("evaluate", "bioasq-submission"): "out"}
@@ -69,7 +69,7 @@ def check_paths(args: argparse.Namespace) -> None:
     inputs = [p for d in INPUT_DESTS for p in _flat(getattr(args, d, None))]
     for dest in OUTPUT_DESTS:
         for value in _flat(getattr(args, dest, None)):
-            option = "--json" if dest == "json_out" else "--" + dest.replace("_", "-")
+            option = "--json" if dest in ("json_out", "json") else "--" + dest.replace("_", "-")
             for target in _outputs(command, dest, value):
                 check_output_path(target, inputs, f"the output ({option})")
             if _FILE_OUTPUTS.get(command[:2]) == dest:

@@ -216,7 +216,10 @@ def test_output_through_a_symlinked_folder_into_etc_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["data", "download", "pubmed", "--out", "/"],
-                                  ["vocab", "train", "--type", "bpe", "--input", "x.jsonl", "--output", "/usr"]])
-def test_folder_outputs_in_system_paths_are_refused(argv):
+                                  ["vocab", "train", "--type", "bpe", "--input", "x.jsonl", "--output", "/usr"],
+                                  ["bench", "pretrain", "--size", "tiny", "--json", "/proc/bench.json"],
+                                  ["evaluate", "bioasq-submission", "--nbest", "n.json", "--out", "/boot/x.json"]])
+def test_other_outputs_in_system_paths_are_refused(argv):
     rc, msg = run_cli(argv)
     assert rc == 2 and ("root folder" in msg or "system folder" in msg), msg
+
