@@ -1,4 +1,5 @@
-"""The PubMedBERT and BioM-BERT recipes resolve to post-LN BERT with whole-word masking, and the size the
+"""The PubMedBERT and BioM-BERT recipes resolve to post-LN BERT with their masking unit (PubMedBERT whole words;
+BioM-BERT single WordPieces, as ELECTRA's BERT code it names masks: docs/RECIPES.md), and the size the
 CLI reports (``pretrain --dry-run``) equals the parameter count of transformers' own BERT of the papers'
 shape (BERT-base: transformers' ``BertConfig`` defaults; BERT-large: Devlin et al.'s 24 x 1024, 16 heads)."""
 
@@ -43,15 +44,16 @@ def _hf_count(shape: dict, vocab: int, binary_head: bool) -> int:
     return sum(p.numel() for p in model.parameters())  # the tied decoder weight counted once
 
 
-@pytest.mark.parametrize("recipe, hf_shape", [("pubmedbert_base", {}), ("biom_bert_large", BERT_LARGE)])
-def test_recipe_is_post_ln_whole_word_and_hf_sized(recipe, hf_shape):
+@pytest.mark.parametrize("recipe, hf_shape, masking", [("pubmedbert_base", {}, "whole_word"),
+                                                       ("biom_bert_large", BERT_LARGE, "token")])
+def test_recipe_is_post_ln_with_its_masking_and_hf_sized(recipe, hf_shape, masking):
     cfg = load_pretrain_config(RECIPES / f"{recipe}.yaml")
     assert cfg.model.transformer_block_type == "post_ln"
-    assert cfg.model.data.masking == "whole_word" and cfg.model.data.whole_word()
+    assert cfg.model.data.masking == masking and cfg.model.data.whole_word() == (masking == "whole_word")
 
     report = _dry_run(recipe)
     assert report["config"]["model"]["transformer_block_type"] == "post_ln"
-    assert report["config"]["model"]["data"]["masking"] == "whole_word"
+    assert report["config"]["model"]["data"]["masking"] == masking
     expected = _hf_count(hf_shape, report["padded_vocab_size"], cfg.model.bert_binary_head)
     assert report["parameters"] == expected
 
