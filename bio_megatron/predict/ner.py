@@ -27,14 +27,21 @@ def read_documents(path: str | Path) -> Iterator[tuple[str, str]]:
     """(id, text) of every document: ``.jsonl`` lines ``{"id": ..., "text": ...}``, else one document per line
     (a blank line is a document without entities: the output keeps one record per input line)."""
     path = Path(path)
+    expected = ('docs.jsonl, one {"id", "text"} object per line' if path.suffix == ".jsonl" else
+                "text.txt (one document per line) or docs.jsonl")
+    any_text = False
     if path.suffix == ".jsonl":
-        for lineno, rec in json_lines(path, 'docs.jsonl, one {"id", "text"} object per line'):
+        for lineno, rec in json_lines(path, expected):
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
                 raise DataError('expected an object with a "text" string', str(path), lineno)
+            any_text = any_text or bool(rec["text"].strip())
             yield str(rec.get("id", lineno)), rec["text"]
-        return
-    for lineno, line in text_lines(path, "text.txt (one document per line) or docs.jsonl"):
-        yield str(lineno), line
+    else:
+        for lineno, line in text_lines(path, expected):
+            any_text = any_text or bool(line.strip())
+            yield str(lineno), line
+    if not any_text:  # an empty output would look like a model that found nothing
+        raise DataError(f"no text in any document (expected {expected})", str(path))
 
 
 def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, int]]]]:

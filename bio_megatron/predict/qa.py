@@ -28,6 +28,8 @@ def read_questions(path: str | Path) -> list[QAExample]:
             if e.qid in seen:
                 raise DataError(f"question id {e.qid!r} is used twice (the output maps id -> answer)", str(path))
             seen.add(e.qid)
+        if not examples:
+            raise DataError("no questions (expected SQuAD JSON: data[].paragraphs[].qas[])", str(path))
         return examples
     out, lines = [], {}
     for lineno, rec in json_lines(path, 'JSON lines {"id", "question", "context"}'):
@@ -41,6 +43,8 @@ def read_questions(path: str | Path) -> list[QAExample]:
                             f"answer)", str(path), lineno)
         lines[qid] = lineno
         out.append(QAExample(qid, rec["question"], rec["context"]))
+    if not out:
+        raise DataError('no questions (expected JSON lines {"id", "question", "context"})', str(path))
     return out
 
 

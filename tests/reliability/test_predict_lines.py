@@ -77,3 +77,15 @@ def test_predict_qa_refuses_a_repeated_question_id(tmp_path):
     dev.write_text(json.dumps(data))
     rc, msg = run_cli(["predict", "qa", "--checkpoint", str(tmp_path / "none"), "--input", str(dev)])
     assert rc == 2 and f"question id {qas[0]['id']!r} is used twice" in msg, msg
+
+
+@pytest.mark.parametrize("task,name,text", [("ner", "docs.txt", "\n \n\n"), ("ner", "docs.jsonl", "\n"),
+                                             ("ner", "docs.jsonl", '{"id": "a", "text": " "}\n'),
+                                             ("qa", "qs.jsonl", "\n\n"),
+                                             ("qa", "dev.json", '{"version": "v2.0", "data": []}')])
+def test_predict_input_without_any_text_is_refused(tmp_path, task, name, text):
+    """An empty output looked like a model that found nothing (exit 0 on bb6a95b, after loading the model)."""
+    inp = tmp_path / name
+    inp.write_text(text)
+    rc, msg = run_cli(["predict", task, "--checkpoint", str(tmp_path / "none"), "--input", str(inp)])
+    assert rc == 2 and msg.startswith(f"{inp}: no ") and "checkpoint" not in msg, msg
