@@ -146,3 +146,26 @@ def test_ddi_integer_ids_need_the_label_map_and_equal_names_with_it(tmp_path):
     label_map.write_text("false\nCPR:3\n")  # another task's label map
     rc, _, msg = _score(["evaluate", "ddi", "--gold", str(gold), "--pred", str(ids), "--label-map", str(label_map)])
     assert rc == 2 and str(label_map) in msg and "'CPR:3'" in msg, msg
+
+
+def test_hoc_label_map_reads_model_ids_as_the_names_they_stand_for(tmp_path):
+    from bio_megatron.evaluation.blurb import HOC_LABELS
+
+    gold, names, ids, label_map = (tmp_path / f for f in ("test.tsv", "names.jsonl", "ids.jsonl", "label_ids.csv"))
+    cells = [{0, 3}, set(), {9}, {3, 4}]
+    gold.write_text("labels\tsentence\tindex\n" + "".join(
+        ",".join(f"{k}_{int(k in c)}" for k in range(10)) + f"\tsentence {i}\t{100 + i // 2}_s{i}\n"
+        for i, c in enumerate(cells)))
+    pred = [[0], [9], [9, 3], [4]]
+    model_order = list(reversed(HOC_LABELS))
+    names.write_text("".join(json.dumps({"id": f"{100 + i // 2}_s{i}", "labels": [HOC_LABELS[k] for k in p]}) + "\n"
+                             for i, p in enumerate(pred)))
+    ids.write_text("".join(json.dumps({"id": f"{100 + i // 2}_s{i}",
+                                       "labels": [model_order.index(HOC_LABELS[k]) for k in p]}) + "\n"
+                           for i, p in enumerate(pred)))
+    label_map.write_text("\n".join(model_order) + "\n")
+    rc, by_name, msg = _score(["evaluate", "hoc", "--gold", str(gold), "--pred", str(names)])
+    assert rc == 0, msg
+    rc, by_id, msg = _score(["evaluate", "hoc", "--gold", str(gold), "--pred", str(ids), "--label-map", str(label_map)])
+    assert rc == 0, msg
+    assert by_id == by_name and 0.0 < by_name["f1"] < 1.0
