@@ -12,7 +12,8 @@ log = get_logger(__name__)
 EXIT_CODES = ("exit codes: 0 finished, or interrupted by SIGTERM/SIGUSR1 after saving (status.json says which); "
               "2 bad configuration or input, or the run directory is in use by another run; 3 stopped because the "
               "loss or gradients stayed NaN/Inf for trainer.max_nonfinite_steps steps in a row (status.json "
-              '"failed"; checkpoints/latest is the last finite checkpoint)')
+              '"failed"; checkpoints/latest is the last finite checkpoint); 130 stopped by Ctrl-C after saving (status.json '
+              '"interrupted"; a second Ctrl-C aborts without saving)')
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +60,11 @@ def run_pretrain(args: argparse.Namespace) -> int:
             from bio_megatron.config.pretrain import electra_parameter_count, electra_shapes
 
             n, extra = electra_parameter_count(cfg.model, padded), {"generator": electra_shapes(cfg.model).__dict__}
+        from bio_megatron.training.memory import estimate
+
+        m = cfg.model  # the static state per rank (weights, gradients, Adam), as pretraining checks it
+        dp = max(1, world.world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size))
+        extra["memory"] = estimate(m, padded, str(cfg.trainer.precision).startswith(("bf16", "16")), dp).as_dict()
         print(json.dumps({"config": to_dict(cfg), "vocab_size": vocab, "padded_vocab_size": padded,
                           "parameters": n, "shape_status": cfg.model.shape().status, **extra}, indent=2))
         return 0

@@ -38,6 +38,9 @@ class TrainerConfig:
     """Stop the run (exit code 3, status.json "failed") after this many steps in a row whose loss or gradients
     were NaN/Inf; each such step is skipped (no update), as Megatron-LM skips an overflowed iteration."""
     accelerator: Literal["auto", "gpu", "cpu"] = "auto"
+    skip_memory_check: bool = False
+    """Skip the check that refuses, before allocation, a model whose weights, gradients and optimizer state
+    cannot fit in the available memory (``bio_megatron/training/memory.py``)."""
 
 
 @dataclass

@@ -29,6 +29,7 @@ from bio_megatron.loading.source import Source, apply_source_shape, resolve_sour
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training import resume_checks
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
 from bio_megatron.training.metrics import TensorBoardLog
@@ -239,6 +240,9 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
     history: list[dict] = []
     if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
+        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume",
+                                       "keep the saved value, or start afresh with another exp_manager.name (or "
+                                       "exp_manager.resume_if_exists=false)")
         state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout,
                                           compute_dtype=dtype_name(dtype))
         state.skipped_steps = ckpt.read_metadata(resume).get("skipped_steps", 0)

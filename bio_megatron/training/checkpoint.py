@@ -14,6 +14,7 @@ automatic resume falls back to the previous intact checkpoint when the newest is
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import queue
@@ -31,6 +32,7 @@ import yaml
 
 from bio_megatron.config.loader import to_dict
 from bio_megatron.training import integrity
+from bio_megatron.training.disk_full import disk_full_after, no_space, no_space_error
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_open, atomic_path, write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -219,13 +221,45 @@ def save_model_checkpoint(out: Path, model, cfg, vocab_file: str | Path, meta: d
 
 def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, vocab_file: str | Path,
                     layout: Layout, extra_meta: dict | None = None) -> Path:
-    """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it."""
-    final, tmp = iteration_dir(root, step), root / f".iter_{step:07d}.tmp"
+    """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it. A full disk (or quota) is one-line
+    :class:`CheckpointError` on every rank: the temporary directory is removed, ``latest`` is untouched."""
+    tmp = root / f".iter_{step:07d}.tmp"
     is_writer = not dist.is_initialized() or dist.get_rank() == 0
+    try:
+        return _save(root, step, tmp, is_writer, model, optimizer, scheduler, cfg, vocab_file, layout, extra_meta)
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if no_space(exc) is None and not disk_full_after(exc, root, is_writer):
+            raise
+        if is_writer:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise no_space_error(root, step) from None
+
+
+def _agree_on_failure(failed: OSError | None) -> None:
+    """Rank 0 writes the description and the manifest alone: the others must learn that it ran out of space
+    rather than wait for it at the next barrier."""
+    flag = [failed is not None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(flag, src=0)
+    if flag[0]:
+        raise failed or OSError(errno.ENOSPC, "no space left on device (rank 0)")
+
+
+def _save(root: Path, step: int, tmp: Path, is_writer: bool, model, optimizer, scheduler, cfg,
+          vocab_file: str | Path, layout: Layout, extra_meta: dict | None) -> Path:
+    final = iteration_dir(root, step)
+    failed: OSError | None = None
     if is_writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)  # dist_checkpointing.save requires an existing, empty directory
-    _barrier()
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)  # dist_checkpointing.save requires an existing, empty directory
+        except OSError as exc:
+            failed = no_space(exc)
+            if failed is None:
+                raise
+    _agree_on_failure(failed)
     _dist_save(_sharded_state(model, optimizer, scheduler, step, False, True, True), tmp)
     _barrier()
     # Every rank hashes a share of the shards (page-cache hot: they were just written); rank 0 names them so
@@ -235,12 +269,21 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, voc
         dist.broadcast_object_list(names, src=0)
     digests = integrity.digest_files(tmp, names[0])
     if is_writer:
-        _describe(tmp, cfg, vocab_file, {"iteration": step, "layout": layout.__dict__,
-                                         "consumed_samples": step * cfg.model.global_batch_size,
-                                         **(extra_meta or {})})
-        described = sorted(set(os.listdir(tmp)) - set(digests))
-        digests.update(integrity.digest_files(tmp, described, collective=False))
-        integrity.write_manifest(tmp, digests)
+        try:
+            _describe(tmp, cfg, vocab_file, {"iteration": step, "layout": layout.__dict__,
+                                             "consumed_samples": step * cfg.model.global_batch_size,
+                                             **(extra_meta or {})})
+            described = sorted(set(os.listdir(tmp)) - set(digests))
+            digests.update(integrity.digest_files(tmp, described, collective=False))
+            integrity.write_manifest(tmp, digests)
+        except OSError as exc:
+            failed = no_space(exc)
+            if failed is None:
+                raise
+    _agree_on_failure(failed)
+    if is_writer:
+        # Every file here was written by this save and hashed just now: a manifest never vouches for bytes
+        # carried over from another directory (nothing is copied or linked from the checkpoint resumed from).
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -249,6 +292,17 @@ def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, voc
     _barrier()
     log.info("saved checkpoint %s", final)
     return final
+
+
+def unverified_origin(path: Path) -> dict:
+    """``{"unverified_origin": path}`` when the state loaded from ``path`` was never verified by checksums (it has
+    no manifest, or came from such a checkpoint itself): saved in later checkpoints' ``bio_megatron.json``, so
+    that their own manifest (which vouches for the bytes they wrote) does not hide where the state came from."""
+    path = Path(path)
+    if not (path / integrity.MANIFEST).is_file():
+        return {"unverified_origin": str(path)}
+    inherited = read_metadata(path).get("unverified_origin")
+    return {"unverified_origin": inherited} if inherited else {}
 
 
 _VERIFIED: set[tuple[str, int]] = set()

@@ -181,8 +181,13 @@ def verify_checkpoint(directory: Path) -> None:
     directory = Path(directory)
     recorded = _read_manifest(directory)
     if recorded is None:
-        log.debug("%s has no %s (saved before checksums were recorded): checking its structure only",
-                  directory, MANIFEST)
+        # Loaded, not refused: checkpoints saved before checksums existed would otherwise be stranded, and the
+        # structural checks below still find truncation and refuse pickled code. It is never given a manifest
+        # afterwards: nothing writes into an existing checkpoint directory, and a later save writes (and hashes)
+        # every file of its own directory, recording where its state came from (``unverified_origin``).
+        if _rank_world()[0] == 0:
+            log.warning("checkpoint %s has no %s (saved before checksums were recorded, or removed): its files "
+                        "cannot be verified; checking its structure only", directory, MANIFEST)
     else:
         for name, rec in sorted(recorded.items()):  # names and sizes first: cheap, and name a cut file at once
             path = directory / name

@@ -20,13 +20,14 @@ from bio_megatron.models.init import init_weights
 from bio_megatron.parallel import grad_fusion
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
-from bio_megatron.training import electra_loss
+from bio_megatron.training import electra_loss, memory, resume_checks
+from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.signals import StopRequest
-from bio_megatron.utils.errors import DataError, NonFiniteError
+from bio_megatron.training.signals import Interrupted, StopRequest
+from bio_megatron.utils.errors import CheckpointError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
 
@@ -124,7 +125,13 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     validate(cfg, world.world_size)
     # Locked before anything (stale-save removal, index cache, metrics) touches the run directory.
     with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"):
-        return _pretrain(cfg, world)
+        try:
+            return _pretrain(cfg, world)
+        except OSError as exc:  # the metrics, TensorBoard or status files of a full disk (saves say so themselves)
+            if no_space(exc) is None:
+                raise
+            raise CheckpointError(f"no space left on {exc.filename or cfg.run_dir} (run directory {cfg.run_dir}); "
+                                  "free space, then run the same command to resume from checkpoints/latest") from None
 
 
 def _pretrain(cfg: PretrainConfig, world) -> str:
@@ -138,6 +145,20 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                         tokenizer.vocab_file)
     run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
     is_writer = world.rank == 0
+    padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+    # What is continued from (and whether it may be) is settled before the data pipeline and the model allocate
+    # anything: a mismatch with the checkpoint is reported as the checkpoint's, in one line.
+    ckpt.remove_stale_saves(ckpt_root)
+    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
+        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
+    restore = Path(m.restore_from_path) if m.restore_from_path and resume is None else None
+    if resume is not None:
+        resume = Path(ckpt.read_metadata(resume)["path"])
+        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
+    elif restore is not None:
+        resume_checks.check_compatible(Path(ckpt.read_metadata(restore)["path"]), cfg, tokenizer.vocab_file, "restore")
+    if not t.skip_memory_check:
+        memory.check_fits(m, padded, dtype, ps.get_data_parallel_world_size())
     data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
                         Path(m.data.index_mapping_dir or run_dir / "index_cache"))
     model, ddp = build_stage(cfg, tokenizer.vocab_size, dtype)
@@ -145,21 +166,17 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
-    step, skipped = 0, 0
-    ckpt.remove_stale_saves(ckpt_root)
-    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
-        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
+    step, skipped, origin = 0, 0, {}
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
         skipped = ckpt.read_metadata(resume).get("skipped_steps", 0)  # the run's count, not this process's
+        origin = ckpt.unverified_origin(resume)
         log.info("resumed from %s at step %d", resume, step)
-    elif m.restore_from_path:
-        ckpt.load_checkpoint(Path(m.restore_from_path), model, optimizer, model_only=True,
-                             compute_dtype=dtype_name(dtype))
-        log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", m.restore_from_path)
+    elif restore is not None:
+        ckpt.load_checkpoint(restore, model, optimizer, model_only=True, compute_dtype=dtype_name(dtype))
+        log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", restore)
 
     shape = m.shape()
-    padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
                        m.global_batch_size * _flops_per_sequence(m, padded),
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size)
@@ -169,7 +186,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
                              {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-                              "compute_dtype": dtype_name(dtype), "skipped_steps": state.skipped_steps})
+                              "compute_dtype": dtype_name(dtype), "skipped_steps": state.skipped_steps, **origin})
 
     def on_step(s: int, r: StepResult) -> None:
         if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
@@ -210,6 +227,11 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         if status == "diverged":
             raise _diverged(run_dir, ckpt_root, state)
         ckpt.write_status(run_dir, status, state.step)
+        if status == "interrupted" and stop.keyboard:
+            latest = ckpt_root / "latest"
+            kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none"
+            raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted; {latest}: "
+                              f"{kept}); run the same command to resume")
     finally:
         runlog.close()
         stop.restore()

@@ -1,0 +1,95 @@
+"""How a pretraining run stops: a full disk during a checkpoint save, and Ctrl-C.
+
+- Disk full: the run's folder on a small tmpfs holds the step-2 checkpoint but not the step-4 one. The real CLI
+  exits 2 with one line "no space left on <checkpoints>", ``latest`` still names iteration 2, which verifies,
+  and no half-written checkpoint is left (no ``iter_0000004``, no temporary directory).
+- Ctrl-C: SIGINT to every rank of a 2-rank world (as a terminal sends it to its foreground group) saves and
+  stops as SIGTERM does (``status.json`` "interrupted", the checkpoint of that step) and exits 130; the
+  launcher's echo of the same SIGINT is ignored, a second Ctrl-C later aborts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from harness import start_world
+
+from engine.pretrain_runs import TINY, overrides
+from engine.test_resume import _logged_steps, _wait_for
+from reliability.test_checkpoint_integrity import _log_to, run_cli
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    # 40 MiB: the tiny model's checkpoint with its Adam state is ~27 MB, so the second one cannot fit.
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({p.stderr.strip() or p.returncode}): needs root / CAP_SYS_ADMIN")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_disk_full_during_save_is_one_line_and_keeps_latest(small_disk, pubmed_prefix, tmp_path):
+    from bio_megatron.training.integrity import verify_checkpoint
+
+    over = overrides(pubmed_prefix, small_disk, "run", steps=4, every=2, save_last=True,
+                     extra=(f"model.data.index_mapping_dir={tmp_path / 'index_cache'}",))
+    rc, log = run_cli(["pretrain", "--config", str(TINY), *over], tmp_path / "cli.log")
+    ckpts = small_disk / "run" / "checkpoints"
+    assert rc == 2, log[-3000:]
+    errors = [line for line in log.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
+    assert f"no space left on {ckpts}" in errors[0] and "iteration 2" in errors[0], errors[0]
+    assert (ckpts / "latest").read_text().strip() == "2"
+    verify_checkpoint(ckpts / "iter_0000002")
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000002", "latest"]
+
+
+def _cli_rank_logged(argv: list[str], log_dir: str) -> int:
+    """The real CLI in a forked rank, each rank's log in its own file."""
+    from bio_megatron.cli import main
+
+    _log_to(str(Path(log_dir) / f"rank{os.environ['RANK']}.log"))
+    return main(argv)
+
+
+def test_ctrl_c_saves_and_stops_like_sigterm_on_every_rank(pubmed_prefix, tmp_path):
+    over = overrides(pubmed_prefix, tmp_path, "run", tp=2, steps=200, every=0)
+    world = start_world(2, _cli_rank_logged, ["pretrain", "--config", str(TINY), *over], str(tmp_path))
+    _wait_for(lambda: _logged_steps(tmp_path / "run") >= 2)
+    world.kill(signal.SIGINT)  # each rank's process group, as a terminal's Ctrl-C
+    time.sleep(0.2)
+    world.kill(signal.SIGINT)  # torchrun forwards its own SIGINT a moment later: the same Ctrl-C, not a second one
+    assert world.join(timeout=120) == [130, 130]
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "interrupted" and 2 <= status["step"] < 200
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == str(status["step"])
+    assert (ckpts / f"iter_{status['step']:07d}" / "checksums.json").is_file()
+    rank0 = (tmp_path / "rank0.log").read_text()
+    assert "Ctrl-C: saving a checkpoint" in rank0 and f"interrupted by Ctrl-C at step {status['step']}" in rank0
+
+
+def test_second_ctrl_c_aborts_at_once():
+    from bio_megatron.training import signals
+
+    stop = signals.StopRequest()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT and stop.keyboard
+        os.kill(os.getpid(), signal.SIGINT)  # within the grace period: the launcher's echo, ignored
+        stop._first_sigint -= signals.REPEAT_GRACE_S + 1  # as if the user pressed Ctrl-C again seconds later
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
