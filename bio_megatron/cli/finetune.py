@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(cfg.exp_manager.exp_dir) / cfg.exp_manager.name  # results.json/md and a folder per seed
     check_sweep_dir(sweep_dir)  # every rank alike, before any of them starts
-    if world.rank == 0:
-        mark_sweep_dir(sweep_dir)
     try:
         summary = run_sweep(cfg, seeds, args.grid)
     finally:
+        if world.rank == 0:
+            mark_sweep_dir(sweep_dir)
         teardown()
     if world.rank == 0:
         print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=2))

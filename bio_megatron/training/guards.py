@@ -148,10 +148,13 @@ def check_sweep_dir(folder: Path) -> None:
 
 
 def mark_sweep_dir(folder: Path) -> None:
-    """Mark ``folder`` as a fine-tuning sweep's (global rank 0 only), once :func:`check_sweep_dir` accepted it."""
-    if _marker(Path(folder)) is None:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(Path(folder) / OUTPUT_MARKER, {"command": "finetune sweep", "version": __version__})
+    """Mark ``folder`` as a fine-tuning sweep's (global rank 0 only), once :func:`check_sweep_dir` accepted it; a
+    folder the sweep has not created (it failed before its first run) is not created here."""
+    if Path(folder).is_dir() and _marker(Path(folder)) is None:
+        try:  # called in a ``finally``: never hide the run's own error; unmarked, the folder is still recognised
+            write_json_atomic(Path(folder) / OUTPUT_MARKER, {"command": "finetune sweep", "version": __version__})
+        except (OSError, BioMegatronError) as exc:
+            log.warning("could not mark %s as a fine-tuning sweep folder: %s", folder, exc)
 
 
 def _claim_run_dir(run_dir: Path, command: str) -> None:
