@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 # The IOB format itself is read one layer down (vocab statistics read it too); these names stay importable here.
 from bio_megatron.corpus.iob import Sentence, check_tag, read_iob, write_iob  # noqa: F401
+from bio_megatron.evaluation.inputs import iter_lines
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.log import get_logger
@@ -35,8 +36,9 @@ def read_nemo(text_path: str | Path, labels_path: str | Path,
         if not p.is_file():
             raise DataError("file not found (NeMo NER needs text_*.txt and labels_*.txt)", str(p))
     allowed = set(labels) if labels is not None else None
-    texts = text_path.read_text(encoding="utf-8").splitlines()
-    tag_lines = labels_path.read_text(encoding="utf-8").splitlines()
+    # lines end at \n only: a \x0c or \u2028 inside a sentence must not shift every later sentence's labels
+    texts = [line for _, line in iter_lines(text_path, "space-separated words, one sentence per line")]
+    tag_lines = [line for _, line in iter_lines(labels_path, "space-separated labels, one sentence per line")]
     if len(texts) != len(tag_lines):
         raise DataError(f"{len(texts)} sentences but {len(tag_lines)} label lines in {labels_path}",
                         str(text_path), min(len(texts), len(tag_lines)) + 1)
@@ -107,7 +109,7 @@ def read_label_ids(path: str | Path) -> dict[str, int]:
     if not path.is_file():
         raise DataError("label map not found (expected label_ids.csv, one label per line)", str(path))
     out: dict[str, int] = {}
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, line in iter_lines(path, "label_ids.csv, one label per line"):
         label = line.strip()
         if not label:
             raise DataError("empty label", str(path), lineno)

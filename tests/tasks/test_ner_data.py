@@ -92,3 +92,16 @@ def test_bad_inputs_name_file_and_line(tmp_path):
     labels.write_text("O O\nO B-Disease O\n")
     with pytest.raises(DataError, match=r"labels_train\.txt:2: unknown tag 'B-Disease'"):
         read_nemo(text, labels, labels=["O", "B-Chemical", "I-Chemical"])
+
+
+def test_nemo_lines_end_at_newline_only(tmp_path):
+    """A form feed or line separator inside a sentence (text pasted from PDFs) is part of it, not a new sentence:
+    str.splitlines split there and shifted every later sentence against its labels (a count mismatch at best)."""
+    text, labels = tmp_path / "text_train.txt", tmp_path / "labels_train.txt"
+    text.write_text("aspirin\x0cdose was high\ncaused\u2028rash\n", encoding="utf-8")
+    labels.write_text("B-Chemical O O O\nO O\n", encoding="utf-8")
+    sentences = read_nemo(text, labels)
+    assert [len(s.words) for s in sentences] == [4, 2]
+    assert sentences[0].tags == ["B-Chemical", "O", "O", "O"]
+    (tmp_path / "label_ids.csv").write_text("O\nB-Chemical\x85x\n", encoding="utf-8")
+    assert read_label_ids(tmp_path / "label_ids.csv") == {"O": 0, "B-Chemical\x85x": 1}
