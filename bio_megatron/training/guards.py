@@ -125,7 +125,7 @@ _SWEEP_ENTRY = re.compile(r"(layers\d+_width\d+|seed-?\d+|results\.json|results\
 def check_sweep_dir(folder: Path) -> None:
     """Refuse (:class:`OutputError`) a fine-tuning sweep folder (``exp_dir/name``, which gets ``results.json``,
     ``results.md`` and one folder per seed) that holds anything a sweep does not write, unless a sweep of ours
-    marked it. Then mark it (the caller is global rank 0 or a single process)."""
+    marked it (:func:`mark_sweep_dir`, after the sweep)."""
     folder = Path(folder)
     if not folder.exists() and not folder.is_symlink():
         return
@@ -139,7 +139,10 @@ def check_sweep_dir(folder: Path) -> None:
         what = f"a `{marker['command']}` output" if marker.get("command") else f"an unreadable {OUTPUT_MARKER}"
         raise OutputError(f"{folder}: the experiment folder holds {what}, not a fine-tuning sweep; refusing to "
                           "write into it: choose another exp_manager.name")
-    foreign = sorted(n for n in os.listdir(folder) if not _SWEEP_ENTRY.fullmatch(n))
+    try:
+        foreign = sorted(n for n in os.listdir(folder) if not _SWEEP_ENTRY.fullmatch(n))
+    except OSError as exc:
+        raise OutputError(f"{folder}: the experiment folder cannot be read ({exc.strerror})") from None
     if foreign:
         shown = ", ".join(foreign[:3]) + (" ..." if len(foreign) > 3 else "")
         raise OutputError(f"{folder}: the experiment folder (exp_manager.exp_dir/exp_manager.name) holds files "
@@ -161,7 +164,10 @@ def _claim_run_dir(run_dir: Path, command: str) -> None:
     """Checked again under the lock (the folder may have changed meanwhile), then marked as ``command``'s run."""
     check_run_dir(run_dir, command)
     if _marker(run_dir) is None:
-        write_json_atomic(run_dir / OUTPUT_MARKER, {"command": command, "version": __version__})
+        try:  # an OSError here must reach every rank as an error, not leave them waiting for rank 0
+            write_json_atomic(run_dir / OUTPUT_MARKER, {"command": command, "version": __version__})
+        except OSError as exc:
+            raise OutputError(f"{run_dir}: cannot write {OUTPUT_MARKER} ({exc.strerror})") from None
 
 
 @contextlib.contextmanager
