@@ -5,7 +5,8 @@
   and no half-written checkpoint is left (no ``iter_0000004``, no temporary directory).
 - Ctrl-C: SIGINT to every rank of a 2-rank world (as a terminal sends it to its foreground group) saves and
   stops as SIGTERM does (``status.json`` "interrupted", the checkpoint of that step) and exits 130; the
-  launcher's echo of the same SIGINT is ignored, a second Ctrl-C later aborts at once.
+  launcher's echo of the same SIGINT is ignored, a second Ctrl-C later aborts at once. The same under a real
+  ``torchrun`` (whose own exit code is 1: it reports the SIGINT it received with a traceback of its own).
 """
 
 from __future__ import annotations
@@ -93,3 +94,30 @@ def test_second_ctrl_c_aborts_at_once():
             os.kill(os.getpid(), signal.SIGINT)
     finally:
         stop.restore()
+
+
+def test_ctrl_c_under_torchrun_saves_on_every_rank(pubmed_prefix, tmp_path):
+    """A terminal's Ctrl-C reaches torchrun and its workers (one foreground group); torchrun then forwards its own
+    SIGINT to them: still one save, on both ranks, and both stop with the one line."""
+    import sys
+
+    over = overrides(pubmed_prefix, tmp_path, "run", tp=2, steps=300, every=0)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    p = subprocess.Popen([str(torchrun), "--nproc-per-node=2", "-m", "bio_megatron", "pretrain", "--config", str(TINY),
+                          *over], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore"))
+    try:
+        _wait_for(lambda: _logged_steps(tmp_path / "run") >= 2 or p.poll() is not None)
+        os.killpg(p.pid, signal.SIGINT)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["state"] == "interrupted", out[-3000:]
+    stopped = [line for line in out.splitlines() if f"interrupted by Ctrl-C at step {status['step']}" in line]
+    assert len(stopped) == 2 and all(any(f"[rank {r}]" in line for line in stopped) for r in (0, 1)), out[-3000:]
+    # torchrun itself prints the traceback of its own SignalException and exits 1: none comes from a worker.
+    assert not [line for line in out.splitlines() if 'File "' in line and "/bio_megatron/" in line], out[-3000:]
+    ckpt = tmp_path / "run" / "checkpoints" / f"iter_{status['step']:07d}"
+    assert (ckpt / "checksums.json").is_file()
