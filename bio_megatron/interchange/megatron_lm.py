@@ -22,10 +22,10 @@ for ``--tp`` ranks with ``checkpoint_version`` 3.0, plus the ``vocab.txt`` besid
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import re
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.interchange.megatron_lm_state import (fix_qkv, flatten, legacy_to_mcore, mcore_to_legacy_shards,
                                                        merge_pp, merge_tp)
 from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_path, check_output_dir
 from bio_megatron.utils.log import get_logger
@@ -63,8 +64,8 @@ def _iteration_dir(root: Path) -> Path:
 def _shards(path: Path) -> tuple[dict[tuple[int, int], object], str]:
     """(tp, pp) -> a file path or zip member, and a label for messages."""
     if path.is_file() and zipfile.is_zipfile(path) and path.suffix == ".zip":
-        with zipfile.ZipFile(path) as zf:
-            found = {m: _SHARD_RE.search(m) for m in zf.namelist()}
+        # member count, declared sizes and compression ratios checked before anything is inflated
+        found = {i.filename: _SHARD_RE.search(i.filename) for i in check_zip(path, str(path))}
         found = {m: r for m, r in found.items() if r}
         dirs = {m[: r.start()] for m, r in found.items()}
         if len(dirs) > 1:
@@ -92,10 +93,12 @@ def _shards(path: Path) -> tuple[dict[tuple[int, int], object], str]:
 
 
 def _load(src: object) -> dict:
-    if isinstance(src, tuple):  # (zip, member)
-        with zipfile.ZipFile(src[0]) as zf:
-            data = io.BytesIO(zf.read(src[1]))
-        return safe_torch_load(data, f"{src[0]}:{src[1]}")
+    if isinstance(src, tuple):  # (zip, member): streamed to a temporary file, never inflated into memory whole
+        where, limit = f"{src[0]}:{src[1]}", archive_limit()
+        with zipfile.ZipFile(src[0]) as zf, tempfile.NamedTemporaryFile(prefix="bio_megatron_zip_") as tmp:
+            copy_member(zf, zf.getinfo(src[1]), tmp, where, limit)
+            tmp.flush()
+            return safe_torch_load(tmp.name, where)
     return safe_torch_load(src)
 
 

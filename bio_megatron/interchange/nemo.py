@@ -74,6 +74,19 @@ def _setting(cfg: dict, key: str, default=None):
     return next((c[key] for c in _encoder_cfgs(cfg) if c.get(key) is not None), default)
 
 
+def _shape_bytes(cfg: dict) -> int | None:
+    """What an archive of this config's encoder can hold (fp32 weights; the vocabulary, which the config does not
+    give, at its largest), for :func:`~bio_megatron.interchange.nemo_archive.extracted`; None if it names no shape."""
+    from bio_megatron.loading.archives import shape_bound
+
+    values = {k: _setting(cfg, k) for k in ("hidden_size", "num_layers", "ffn_hidden_size", "max_position_embeddings")}
+    if not all(isinstance(values[k], int) and values[k] > 0 for k in ("hidden_size", "num_layers")):
+        return None
+    ffn, pos = values["ffn_hidden_size"], values["max_position_embeddings"]
+    return shape_bound(values["hidden_size"], values["num_layers"], ffn if isinstance(ffn, int) else None,
+                       positions=pos if isinstance(pos, int) else 4096)
+
+
 def _problems(cfg: dict) -> list[str]:
     """NeMo settings our BERT cannot reproduce exactly."""
     bad = []
@@ -163,7 +176,7 @@ def read_nemo(path: str | Path, num_attention_heads: int | None = None) -> dict:
     from bio_megatron.interchange.megatron_lm import _shape
 
     where = str(path)
-    with arc.extracted(path) as root:
+    with arc.extracted(path, _shape_bytes) as root:
         cfg = _read_config(root, where)
         problems = _problems(cfg)
         if problems:

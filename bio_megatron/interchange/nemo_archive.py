@@ -10,15 +10,19 @@ Weight layouts NeMo writes (``NLPSaveRestoreConnector.save_to``, ``inject_model_
     model_weights/                                   dist-checkpointing (``mcore_bert: true``)
 
 Extraction happens only inside a temporary folder, and only after every member name has been checked:
-no absolute names, no ``..``, no links or devices (tarfile's ``data`` filter applies as well).
+no absolute names, no ``..``, no links or devices (tarfile's ``data`` filter applies as well); and after their
+count and declared sizes have been checked against a bound derived from the model's shape
+(:mod:`bio_megatron.loading.archives`).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import tarfile
 import tempfile
 import uuid
+import zlib
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Iterator
@@ -26,27 +30,67 @@ from typing import Iterator
 import torch
 
 from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.loading.archives import ENV_LIMIT, MAX_MEMBERS, archive_limit
 from bio_megatron.utils.errors import CheckpointError
 
 CONFIG, WEIGHTS = "model_config.yaml", "model_weights.ckpt"
 _SHARD = re.compile(r"^(?:mp_rank_(\d{2})|tp_rank_(\d{2})_pp_rank_(\d{3}))/model_weights\.ckpt$")
 
 
-def _checked_members(tf: tarfile.TarFile, where: str) -> list[tarfile.TarInfo]:
-    members = []
-    for m in tf.getmembers():
+def _checked_members(tf: tarfile.TarFile, where: str, bound) -> list[tarfile.TarInfo]:
+    """Every member header, read one at a time (never more than ``MAX_MEMBERS``), with its name, type and declared
+    size checked as it is read, so that a bomb is refused at its header, before its data is read or inflated. The
+    bound is ``$BIO_MEGATRON_ARCHIVE_LIMIT``, else ``bound(model_config)`` (bytes from the model's shape) once
+    ``model_config.yaml`` has been read, else the default cap of :mod:`bio_megatron.loading.archives`."""
+    members, total = [], 0
+    limit, source, shaped = archive_limit(), "the cap of", False
+    while True:
+        try:
+            m = tf.next()
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+            raise CheckpointError(f"{where}: damaged archive ({exc})") from None
+        if m is None:
+            return members
+        if len(members) >= MAX_MEMBERS:
+            raise CheckpointError(f"{where}: more than {MAX_MEMBERS} members; refusing it (a crafted archive?)")
         name = PurePosixPath(m.name)
         if name.is_absolute() or ".." in name.parts:
             raise CheckpointError(f"{where}: refusing archive member {m.name!r} (absolute path or '..')")
         if not (m.isfile() or m.isdir()):
             raise CheckpointError(f"{where}: refusing archive member {m.name!r} (a link or special file)")
+        total += m.size
+        if m.size > limit or total > limit:
+            what = f"member {m.name!r} declares {m.size}" if m.size > limit else f"its members declare {total}"
+            raise CheckpointError(f"{where}: {what} bytes unpacked, more than {source} {limit} bytes; refusing it "
+                                  f"(a crafted archive? set {ENV_LIMIT} to raise the bound)")
         members.append(m)
-    return members
+        derived = None if shaped or os.environ.get(ENV_LIMIT) else _config_bound(tf, m, bound)
+        if derived is not None:
+            limit, source, shaped = derived, "what this model's shape can take:", True
+            if total > limit:
+                raise CheckpointError(f"{where}: its members declare {total} bytes unpacked, more than {source} "
+                                      f"{limit} bytes; refusing it (set {ENV_LIMIT} to raise the bound)")
+
+
+def _config_bound(tf: tarfile.TarFile, m: tarfile.TarInfo, bound) -> int | None:
+    """``bound(config)`` when ``m`` is the archive's top-level ``model_config.yaml`` (read only under 16 MiB)."""
+    parts = [p for p in PurePosixPath(m.name).parts if p != "."]
+    if bound is None or not m.isfile() or parts != [CONFIG] or m.size > 16 << 20:
+        return None
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(tf.extractfile(m).read())
+    except (yaml.YAMLError, tarfile.TarError, OSError, UnicodeDecodeError, zlib.error):
+        return None  # the reader reports a broken config with its own message
+    return bound(cfg) if isinstance(cfg, dict) else None
 
 
 @contextmanager
-def extracted(path: str | Path) -> Iterator[Path]:
-    """The archive unpacked into a temporary folder (removed afterwards)."""
+def extracted(path: str | Path, bound=None) -> Iterator[Path]:
+    """The archive unpacked into a temporary folder (removed afterwards), after every member header has passed
+    :func:`_checked_members` (``bound``: model config -> bytes, see there): a tar bomb is refused after reading
+    headers only, with nothing unpacked."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: no such file (expected a .nemo archive)")
@@ -54,13 +98,14 @@ def extracted(path: str | Path) -> Iterator[Path]:
         tf = tarfile.open(path, "r:*")
     except (tarfile.TarError, OSError) as exc:
         raise CheckpointError(f"{path}: not a .nemo archive (a tar file): {exc}") from None
-    with tf, tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_") as tmp:
-        members = _checked_members(tf, str(path))
-        try:
-            tf.extractall(tmp, members=members, filter="data")
-        except (tarfile.TarError, OSError) as exc:
-            raise CheckpointError(f"{path}: cannot unpack ({exc})") from None
-        yield Path(tmp)
+    with tf:
+        members = _checked_members(tf, str(path), bound)
+        with tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_") as tmp:
+            try:
+                tf.extractall(tmp, members=members, filter="data")
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                raise CheckpointError(f"{path}: cannot unpack ({exc})") from None
+            yield Path(tmp)
 
 
 def artifact(root: Path, ref: object, where: str) -> Path | None:

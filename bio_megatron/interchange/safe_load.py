@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from bio_megatron.loading.archives import check_zip_if_zip
 from bio_megatron.utils.errors import CheckpointError
 
 # Training-state objects of these projects are replaced by Inert records (their modules are never imported).
@@ -85,13 +86,16 @@ def _check_name(name: str, where: str) -> None:
                               "objects are accepted)")
 
 
-def safe_torch_load(source: str | Path | io.BytesIO, where: str | None = None) -> Any:
-    """``torch.load(source, weights_only=True)`` with the allow-list above; CheckpointError otherwise."""
+def safe_torch_load(source: str | Path | io.BytesIO, where: str | None = None, limit: int | None = None) -> Any:
+    """``torch.load(source, weights_only=True)`` with the allow-list above; CheckpointError otherwise. A zip-format
+    file's records are checked first against ``limit`` bytes (:func:`bio_megatron.loading.archives.check_zip`):
+    torch allocates each record at the size its zip entry declares."""
     where = where or str(source)
     base = [argparse.Namespace, *_numpy_allowed()]
     inert: dict[str, type] = {}
     if isinstance(source, (str, Path)) and not Path(source).is_file():
         raise CheckpointError(f"{where}: file not found")
+    check_zip_if_zip(source, where, limit)
     names = _globals_of(source if isinstance(source, io.BytesIO) else str(source))
     allowed_names = {f"{getattr(o, '__module__', '')}.{getattr(o, '__qualname__', '')}" for o in base
                      if not isinstance(o, tuple)} | {o[1] for o in base if isinstance(o, tuple)}

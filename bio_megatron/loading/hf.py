@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from bio_megatron.config.sizes import ModelShape
+from bio_megatron.loading.archives import check_zip_if_zip, shape_bound
 from bio_megatron.loading.hf_heads import PLAIN_CLASS, apply_head, hf_to_head, source_head
 from bio_megatron.loading.source import Source, resolve_source
 from bio_megatron.models.hf_convert import (check_config_tensors, hf_to_mcore, roberta_position_offset,
@@ -55,6 +56,8 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: no *.safetensors or pytorch_model.bin")
     hsd = {}
     for f in files:
+        if f.suffix != ".safetensors":  # torch's zip format: records are checked before torch allocates them
+            check_zip_if_zip(f, str(f), _weights_bound(path))
         try:
             part = load_file(str(f)) if f.suffix == ".safetensors" else torch.load(f, map_location="cpu",
                                                                                    weights_only=True)
@@ -65,6 +68,19 @@ def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{f}: not a state dict of tensors")
         hsd.update(part)
     return hsd
+
+
+def _weights_bound(path: Path) -> int | None:
+    """Bytes the folder's ``config.json`` shape can take (fp64 at most), or None when it names no shape."""
+    try:
+        cfg = load_json(path / "config.json")
+    except Exception:  # reported by whoever reads the config for the model itself
+        return None
+    keys = ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "max_position_embeddings")
+    if not isinstance(cfg, dict) or not all(isinstance(cfg.get(k), int) and cfg[k] > 0 for k in keys):
+        return None
+    return shape_bound(cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"],
+                       cfg["max_position_embeddings"], bytes_per_param=8)
 
 
 def task_config_for_hf(src: Source):
