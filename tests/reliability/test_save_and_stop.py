@@ -40,17 +40,25 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
-def test_disk_full_during_save_is_one_line_and_keeps_latest(small_disk, pubmed_prefix, tmp_path):
+@pytest.mark.parametrize("tp", [1, 2], ids=["1rank", "tp2"])
+def test_disk_full_during_save_is_one_line_and_keeps_latest(tp, small_disk, pubmed_prefix, tmp_path):
     from bio_megatron.training.integrity import verify_checkpoint
 
-    over = overrides(pubmed_prefix, small_disk, "run", steps=4, every=2, save_last=True,
+    over = overrides(pubmed_prefix, small_disk, "run", tp=tp, steps=4, every=2, save_last=True,
                      extra=(f"model.data.index_mapping_dir={tmp_path / 'index_cache'}",))
-    rc, log = run_cli(["pretrain", "--config", str(TINY), *over], tmp_path / "cli.log")
+    argv = ["pretrain", "--config", str(TINY), *over]
+    if tp == 1:
+        rc, log = run_cli(argv, tmp_path / "cli.log")
+        codes, logs = [rc], [log]
+    else:  # every rank stops with the same line (none is left waiting for the others)
+        codes = start_world(tp, _cli_rank_logged, argv, str(tmp_path)).join(timeout=120)
+        logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(tp)]
     ckpts = small_disk / "run" / "checkpoints"
-    assert rc == 2, log[-3000:]
-    errors = [line for line in log.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
-    assert f"no space left on {ckpts}" in errors[0] and "iteration 2" in errors[0], errors[0]
+    assert codes == [2] * tp, logs[0][-3000:]
+    for log in logs:
+        errors = [line for line in log.splitlines() if " ERROR " in line]
+        assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
+        assert f"no space left on {ckpts}" in errors[0] and "iteration 2" in errors[0], errors[0]
     assert (ckpts / "latest").read_text().strip() == "2"
     verify_checkpoint(ckpts / "iter_0000002")
     assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000002", "latest"]
