@@ -69,7 +69,8 @@ def _tokenize(args: argparse.Namespace) -> int:
     lowercase = True if args.lowercase else False if args.cased else None
     res = tokenize_corpus(_expand(args.input, (".jsonl",)), resolve_vocab(args.vocab), args.output_prefix,
                           workers=args.workers, lowercase=lowercase, shard_lines=args.shard_lines,
-                          resume=not args.no_resume, json_keys=args.json_keys, encoder=args.encoder)
+                          resume=not args.no_resume, json_keys=args.json_keys, encoder=args.encoder,
+                          overwrite=args.overwrite, max_unk_rate=args.max_unk_rate)
     _print(res)
     return 0
 
@@ -119,6 +120,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     case.add_argument("--cased", action="store_true", help="never lower-case")
     t.add_argument("--shard-lines", type=int, default=2000, help="documents per resumable shard")
     t.add_argument("--no-resume", action="store_true", help="discard finished shards of an earlier run")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace <prefix>.bin/.idx not written by data tokenize, and write shards beside the files "
+                        "of a <prefix>.shards/ folder that is not ours (files we did not write are never deleted)")
+    t.add_argument("--max-unk-rate", type=float, default=0.05, metavar="RATE",
+                   help="stop when more than this share of the tokens (0..1) is [UNK]: the vocabulary does not fit "
+                        "the text (default 0.05; 1 disables the check)")
     t.add_argument("--encoder", choices=["auto", "tokenizers"], default="auto",
                    help="auto: flash-tokenizer for the printable-ASCII sentences of a WordPiece vocabulary (where its "
                         "ids equal the reference's), the Rust tokenizers for the rest; tokenizers: the reference "

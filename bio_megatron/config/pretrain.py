@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
+from bio_megatron.config.scale import recompute_problems, sequence_parallel_problems
 from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.io import system_folder
@@ -88,6 +89,9 @@ class DataConfig:
     """Where megatron-core caches its sample indices (default: beside the run)."""
     seed: int | None = None
     """Masking/shuffling seed (defaults to trainer.seed)."""
+    skip_vocab_check: bool = False
+    """true: use data whose record (``<prefix>.bio_megatron.json``, written by ``data tokenize``) names another
+    vocabulary or casing than model.tokenizer (only when the ids are known to agree)."""
 
     def whole_word(self) -> bool:
         """The resolved masking unit (``masking`` wins; conflicts are reported by ``encoder_problems``)."""
@@ -171,6 +175,24 @@ class ModelConfig:
     """Megatron-LM's key: linears (and on the CPU the word embedding) add their weight gradients straight into
     DDP's gradient buffer. null: on on the CPU, off on a GPU (NeMo's default); true: on (on a GPU it needs apex);
     false: off (a fresh gradient per weight, added in by DDP's hook)."""
+    activations_checkpoint_granularity: Literal["selective", "full"] | None = None
+    """NeMo's key (Megatron-LM's --recompute-granularity): recompute activations in the backward pass instead of
+    keeping them, with megatron-core's recompute (same gradients, less memory, more compute). selective: the
+    ``recompute_modules`` of every layer (default: the core attention: scores, softmax, dropout, context); full:
+    whole layers, chosen by ``activations_checkpoint_method``; null: keep every activation."""
+    activations_checkpoint_method: Literal["uniform", "block"] | None = None
+    """granularity full (Megatron-LM's --recompute-method): uniform: each pipeline stage's layers in groups of
+    ``activations_checkpoint_num_layers``, only each group's input kept; block: the first
+    ``activations_checkpoint_num_layers`` layers of each stage recomputed, the rest kept."""
+    activations_checkpoint_num_layers: int | None = None
+    """granularity full (Megatron-LM's --recompute-num-layers): 1 to the layers per pipeline stage."""
+    recompute_modules: list[str] | None = None
+    """granularity selective (megatron-core's key): which parts of each layer: core_attn (the default), mlp,
+    layernorm (pre-LN's input and pre-MLP LayerNorms)."""
+    sequence_parallel: bool = False
+    """NeMo's / Megatron-LM's key, pretraining with tensor_model_parallel_size >= 2: megatron-core's sequence
+    parallelism; LayerNorms, dropout and residuals run on seq/TP positions per rank (activation memory / TP there),
+    the tensor-parallel all-reduces become reduce-scatters and all-gathers. Same results."""
     native_amp_init_scale: float = 2.0**32
     """fp16 only (NeMo's key): the dynamic loss scaler's initial scale."""
     native_amp_growth_interval: int = 1000
@@ -244,7 +266,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
     problems = [f"{k} ({v}) must be >= {lo}" for k, v, lo in (
         ("trainer.max_steps", t.max_steps, 1), ("trainer.val_check_interval", t.val_check_interval, 1),
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
-    problems += encoder_problems(cfg.model, cfg.trainer, world_size)
+    problems += encoder_problems(cfg.model, cfg.trainer, world_size, pretraining=True)
     problems += objective_problems(cfg.model)
     problems += run_dir_problems(cfg.exp_manager)
     if cfg.model.require_restore_from_path and not cfg.model.restore_from_path:
@@ -328,7 +350,8 @@ def electra_problems(m: ModelConfig) -> list[str]:
     return problems
 
 
-def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None) -> list[str]:
+def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None,
+                     pretraining: bool = False) -> list[str]:
     """Problems with the encoder, batch and parallel layout (shared by pretraining and fine-tuning)."""
     if m.size not in SIZES:
         return [f"model.size ({m.size!r}) must be one of {', '.join(SIZES)}"]
@@ -355,6 +378,9 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if m.encoder_seq_length > m.max_position_embeddings:
         problems.append(f"model.encoder_seq_length ({m.encoder_seq_length}) exceeds max_position_embeddings "
                         f"({m.max_position_embeddings})")
+    if not s.num_layers % pp:  # recompute's layer counts are per pipeline stage
+        problems += recompute_problems(m)
+    problems += sequence_parallel_problems(m, pretraining)
     if m.global_batch_size % m.micro_batch_size:
         problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
                         f"({m.micro_batch_size})")
@@ -384,6 +410,7 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if len(dp_prefix) > 1 and len(dp_prefix) % 2:
         problems.append(f"model.data.data_prefix ({dp_prefix}) must be [weight, path, weight, path, ...] "
                         "or a single path")
+    problems += _blend_weight_problems(dp_prefix)
     if world_size is not None:
         if world_size % (tp * pp):
             problems.append(f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp} = {tp * pp}) "
@@ -451,6 +478,26 @@ def load_pretrain_config(path: str | Path | None, overrides: list[str] = (), wor
     """Recipe + overrides -> validated ``PretrainConfig`` (raises ConfigError listing every problem)."""
     raw = load_document(path, list(overrides), "pretrain", world_size)
     return build_config(PretrainConfig, raw, lambda cfg: validate(cfg, world_size), str(path) if path else None)
+
+
+def _blend_weight_problems(dp: list) -> list[str]:
+    """Blend weights must be finite numbers >= 0 with a positive sum: megatron-core would normalise a negative
+    or zero-sum blend into nonsense sampling ratios (or divide by zero) instead of refusing it."""
+    if len(dp) < 2 or len(dp) % 2:
+        return []
+    out, weights = [], []
+    for i, w in enumerate(dp[0::2]):
+        try:
+            value = float(w) if not isinstance(w, bool) else float("nan")
+        except (TypeError, ValueError):
+            value = float("nan")
+        if not math.isfinite(value) or value < 0:
+            out.append(f"model.data.data_prefix[{2 * i}] ({w!r}, the weight of {dp[2 * i + 1]!r}) must be a finite "
+                       "number >= 0: the list is [weight, path, weight, path, ...]")
+        weights.append(value)
+    if not out and sum(weights) <= 0:
+        out.append(f"model.data.data_prefix weights ({dp[0::2]}) sum to 0: at least one must be positive")
+    return out
 
 
 def data_blend(cfg: DataConfig) -> tuple[list[str], list[float] | None]:

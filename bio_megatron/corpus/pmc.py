@@ -10,9 +10,11 @@ Inputs may be ``.nxml`` files, directories of them, or NCBI's bulk ``.tar.gz`` p
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 from collections import deque
 import json
+import os
 import re
 import tarfile
 import tempfile
@@ -20,12 +22,13 @@ import xml.etree.ElementTree as ET
 import zlib
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from bio_megatron.corpus.schema import Document
 from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, text_of
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file, disk_errors
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
@@ -147,6 +150,7 @@ def _iter_articles(inputs: Iterable[str | Path]) -> Iterator[tuple[str, bytes]]:
             yield from _iter_articles(sorted(q for q in p.rglob("*") if q.suffix in (".nxml", ".xml")
                                              or q.name.endswith(".tar.gz")))
         elif p.name.endswith((".tar.gz", ".tgz", ".tar")):
+            check_input_file(p)  # a FIFO, a symlink loop or an unreadable file, named as what it is
             try:
                 with tarfile.open(p, "r:*") as tar:
                     for member in tar:
@@ -154,8 +158,8 @@ def _iter_articles(inputs: Iterable[str | Path]) -> Iterator[tuple[str, bytes]]:
                             yield f"{p}!{member.name}", tar.extractfile(member).read()
             except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as exc:
                 raise DataError(f"corrupt or truncated archive ({exc})", str(p)) from None
-        elif p.is_file():
-            data = p.read_bytes()
+        elif os.path.lexists(p):
+            data = check_input_file(p, empty=None).read_bytes()
             if data[:2] == b"\x1f\x8b":
                 try:
                     data = gzip.decompress(data)
@@ -187,6 +191,24 @@ def _bounded_map(pool: ProcessPoolExecutor, items: Iterator[tuple[str, bytes]],
         yield pending.popleft().result()
 
 
+@contextlib.contextmanager
+def _scratch(folder: Path) -> Iterator[IO[str]]:
+    """A temporary text file in ``folder``, removed however the block ends. (``NamedTemporaryFile`` leaves its
+    file behind when closing it fails, as the final flush does on a full disk.)"""
+    fd, name = tempfile.mkstemp(dir=folder, prefix=".pmc-", suffix=".jsonl")
+    try:
+        fh = open(fd, "w+", encoding="utf-8")
+        try:
+            yield fh
+        except BaseException:
+            with contextlib.suppress(OSError):  # the block's own error (e.g. ENOSPC) is the one to report
+                fh.close()
+            raise
+        fh.close()
+    finally:
+        os.unlink(name)
+
+
 def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, workers: int = 1,
                 licences: Iterable[str] | None = None, skip_bad: bool = True, **opts: Any) -> dict[str, Any]:
     """Extract PMC articles into one JSONL file; later duplicates of an article id replace earlier ones.
@@ -198,7 +220,7 @@ def extract_pmc(inputs: list[str | Path] | str | Path, output: str | Path, worke
     ``<output>.lock`` keeps a second run off ``output``.
     """
     inputs = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
-    with exclusive_lock(f"{output}.lock", f"output {output}"):
+    with disk_errors(output), exclusive_lock(f"{output}.lock", f"output {output}"):
         return _extract_locked(inputs, output, workers, licences, skip_bad)
 
 
@@ -228,8 +250,7 @@ def _extract_locked(inputs: list[str | Path], output: str | Path, workers: int,
                              "problems": []}
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     progress = Progress("pmc articles")
-    with tempfile.NamedTemporaryFile("w+", encoding="utf-8", dir=Path(output).parent,
-                                     prefix=".pmc-", suffix=".jsonl") as tmp:
+    with _scratch(Path(output).parent) as tmp:
         ids: list[str] = []
         if workers > 1:
             warm_up()  # forked workers inherit the loaded splitter instead of each importing NLTK

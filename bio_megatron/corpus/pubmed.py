@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -29,6 +30,7 @@ from bio_megatron.corpus.schema import Document
 from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress, iter_elements, text_of
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file, disk_errors
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
@@ -37,13 +39,30 @@ log = get_logger(__name__)
 _SKIP_IN_TEXT = frozenset()  # inline markup (<i>, <sup>, <sub>) is kept as text
 
 
+# A PMID (or Version) as NCBI writes them: 1 to 18 ASCII digits, no sign, not zero. ``str.isdigit`` also accepts
+# "²" or Arabic-Indic digits (int() then fails or reads them) and lets a 40-digit PMID overflow the int64 arrays.
+_ID = re.compile(r"0*[1-9][0-9]{0,17}")
+
+
+def _number(text: str | None) -> int | None:
+    """The positive integer of an identifier's text, or None when it is empty, not ASCII digits or too large."""
+    text = (text or "").strip()
+    return int(text) if _ID.fullmatch(text) else None
+
+
 def _record_to_document(art, path: Path) -> tuple[Document | None, int, int, str | None]:
-    """(document or None, pmid, version, why-dropped) of one ``<PubmedArticle>``."""
+    """(document or None, pmid, version, why-dropped) of one ``<PubmedArticle>``. A record whose <PMID> or its
+    ``Version`` is missing, empty, not a positive decimal number or too large is skipped (counted, reason listed),
+    as any other malformed record: one odd record must not cost a whole baseline file."""
     pmid_el = art.find("MedlineCitation/PMID")
-    if pmid_el is None or not (pmid_el.text or "").strip().isdigit():
-        return None, -1, 0, "record without a numeric <PMID>"
-    pmid = int(pmid_el.text.strip())
-    version = int(pmid_el.get("Version", "1") or 1)
+    if pmid_el is None:
+        return None, -1, 0, "record without a <PMID>"
+    pmid = _number(pmid_el.text)
+    if pmid is None:
+        return None, -1, 0, f"<PMID> {(pmid_el.text or '').strip()[:30]!r} is not a positive decimal number (1-18 digits)"
+    version = _number(pmid_el.get("Version", "1") or "1")
+    if version is None:
+        return None, -1, 0, f"PMID {pmid}: Version {pmid_el.get('Version', '')[:30]!r} is not a positive decimal number"
     article = art.find("MedlineCitation/Article")
     title = text_of(article.find("ArticleTitle")) if article is not None else ""
     sections = []
@@ -76,7 +95,13 @@ def _parse_file(args: tuple[str, str]) -> dict[str, Any]:
     with open(shard, "w", encoding="utf-8") as out:
         for n, elem in enumerate(iter_elements(path, {"PubmedArticle", "DeleteCitation", "PubmedBookArticle"}), 1):
             if elem.tag == "DeleteCitation":
-                deleted.extend(int(p.text) for p in elem.findall("PMID") if (p.text or "").strip().isdigit())
+                ids = [_number(p.text) for p in elem.findall("PMID")]
+                deleted.extend(i for i in ids if i is not None)
+                if None in ids:
+                    counts["skipped"] += ids.count(None)
+                    if len(problems) < 20:
+                        problems.append(f"{path}: <DeleteCitation> {n}: {ids.count(None)} <PMID>(s) that are not "
+                                        "positive decimal numbers, ignored")
                 continue
             if elem.tag != "PubmedArticle":
                 continue
@@ -141,7 +166,9 @@ def extract_pubmed(inputs: list[str | Path], output: str | Path, workers: int = 
     paths = [Path(p) for p in inputs]
     if not paths:
         raise DataError("no PubMed input files given")
-    with exclusive_lock(f"{output}.lock", f"output {output}"):
+    for path in paths:  # before any work: a FIFO, a loop or an unreadable file is named for what it is
+        check_input_file(path, empty="empty file (0 bytes): an interrupted download?")
+    with disk_errors(output), exclusive_lock(f"{output}.lock", f"output {output}"):
         return _extract_locked(paths, output, workers)
 
 

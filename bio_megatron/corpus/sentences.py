@@ -52,19 +52,65 @@ def warm_up() -> None:
     _punkt()
 
 
+# Punkt runs on windows of at most this many characters. Its period-context regex, run over a whole
+# multi-megabyte paragraph, trips NLTK's ReDoS guard (a 5 s limit per ``finditer``: a TimeoutError) and is
+# superlinear; windows bound the work per call, so the whole split is linear (~100 us per period on one core).
+# A "sentence" longer than _MAX_CARRY characters (~600 words, far beyond a real one and beyond what a
+# 512-token BERT sample holds) is cut there.
+_WINDOW = 8_000
+_MAX_CARRY = 4_000
+
+
 def split_sentences(text: str) -> list[str]:
-    """Split one paragraph (or a structured-abstract section) into sentences."""
+    """Split one paragraph (or a structured-abstract section) into sentences, in time linear in its length."""
     text = " ".join(text.split())
     if not text:
         return []
     out: list[str] = []
-    for sent in _punkt().tokenize(text):
+    for sent in _windowed(text):
         # Punkt sees "E." as a possible initial only when it has learned it; genus initials followed by
         # a lower-case word never end a sentence, so glue such a split back together.
         if out and _GENUS_RE.search(out[-1][-3:] + " " + sent[:1]):
             out[-1] = f"{out[-1]} {sent}"
         else:
             out.append(sent)
+    return out
+
+
+def _windowed(text: str) -> list[str]:
+    """Punkt's sentences of ``text`` (single-spaced), computed window by window.
+
+    Each window is the unfinished last sentence of the previous one (``carry``) plus fresh text cut at a
+    space, so Punkt always sees the token after every break it decides, and the result equals one call on
+    the whole text. A carry longer than ``_MAX_CARRY`` (thousands of characters without a break:
+    no real sentence) is emitted as it is, which keeps every window advancing by most of its size.
+    """
+    tok = _punkt()
+    if len(text) <= _WINDOW:
+        return tok.tokenize(text)
+    out: list[str] = []
+    carry, glue, pos = "", "", 0
+    while pos < len(text):
+        end = min(len(text), pos + _WINDOW - len(carry))
+        nxt, next_glue = end, ""
+        if end < len(text):
+            cut = text.rfind(" ", pos + 1, end + 1)
+            if cut > pos:  # cut at a space, which the two windows then share as their separator
+                end, nxt, next_glue = cut, cut + 1, " "
+        window = carry + glue + text[pos:end] if carry else text[pos:end]
+        sents = tok.tokenize(window)
+        pos, glue = nxt, next_glue
+        if pos >= len(text) or not sents:
+            out.extend(sents)
+            carry = ""
+            continue
+        out.extend(sents[:-1])
+        carry = sents[-1]
+        if len(carry) > _MAX_CARRY:
+            out.append(carry)
+            carry = ""
+    if carry:
+        out.append(carry)
     return out
 
 

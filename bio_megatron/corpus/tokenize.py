@@ -13,7 +13,14 @@ How the properties the pipeline promises are obtained:
 * **No torch**: the ``.bin/.idx`` are written with numpy in megatron-core's format (``corpus.indexed``,
   proven byte-identical to its ``IndexedDatasetBuilder``), so the run never imports torch or megatron.
 * **Resumable**: finished shards live in ``<prefix>.shards/`` with a ``.json`` written last; a rerun
-  with the same inputs, vocabulary and settings reuses them. A manifest guards against mixing runs.
+  with the same inputs, vocabulary and settings reuses them once each matches its recorded sizes, counts
+  and sha256 (a damaged one is redone). A manifest guards against mixing runs (``corpus/shards.py``).
+* **Never touches what it did not write**: a ``.shards/`` folder without our manifest, or ``.bin/.idx``
+  without our record ``<prefix>.bio_megatron.json``, is refused unless ``--overwrite``; only files with our
+  shard names are ever removed. The record also holds the vocabulary's hash and casing, which pretraining
+  checks (``corpus/record.py``).
+* **Stops on a vocabulary that does not fit**: more than ``max_unk_rate`` of the tokens ``[UNK]`` (checked
+  from the first 10,000 tokens on, and at the end) is an error with the rate and sample sentences.
 * **Atomic**: shards and the final pair are written to temporary names (with the writer's PID) and
   renamed when complete; ``<prefix>.lock`` keeps a second run off the same prefix while one is running.
 * **Never an empty success**: when no input record is usable (wrong schema, e.g. Megatron-LM
@@ -24,10 +31,9 @@ How the properties the pipeline promises are obtained:
 
 from __future__ import annotations
 
-import hashlib
+import errno
 import json
 import os
-import shutil
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from itertools import chain
@@ -36,12 +42,14 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from bio_megatron.corpus import record, shards
 from bio_megatron.corpus.indexed import IndexedWriter, index_bytes
 from bio_megatron.corpus.fast_encode import encoder_name, fast_encoder
 from bio_megatron.corpus.schema import ReadStats, parse_record, parse_text_record
 from bio_megatron.corpus.sentences import split_sentences, warm_up
 from bio_megatron.corpus.xmlio import Progress
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file, os_error
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.bpe import bpe_files, is_bpe, load_tokenizer
@@ -54,8 +62,13 @@ _ENCODER = None
 # Megatron-LM mode: the JSON keys whose text makes a document (None: our ``sentences`` schema). A
 # worker global like the tokenizer, so ``_tokenize_shard``'s signature stays (index, lines, prefix).
 _JSON_KEYS: tuple[str, ...] | None = None
-# 2: shard indices are megatron .idx files (1: np.savez), so shards of version-1 runs are not reused.
-_MANIFEST_VERSION = 2
+# 3: shard records carry sizes and a sha256 (2: without; 1: np.savez indices), so older shards are not reused.
+_MANIFEST_VERSION = 3
+# Default for --max-unk-rate. A WordPiece vocabulary falls back to sub-words and single characters, so [UNK]
+# comes only from characters it lacks: bert-base-cased on the bundled PubMed/PMC sample gives well under 0.1 %.
+# 5 % is 50x that, and far below what a wrong vocabulary gives (an uncased-only or another script's: 20-100 %).
+MAX_UNK_RATE = 0.05
+_UNK_CHECK_FROM = 10_000  # tokens seen before the rate is trusted mid-run (the final check always runs)
 
 
 def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None,
@@ -72,10 +85,7 @@ def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str
     """Consecutive groups of ``shard_lines`` non-blank input lines, each tagged with file and line."""
     shard: list[tuple[str, int, bytes]] = []
     for path in paths:
-        if not path.is_file():
-            raise DataError("input file not found", str(path))
-        if path.stat().st_size == 0:
-            raise DataError("empty file (0 bytes)", str(path))
+        check_input_file(path)
         with open(path, "rb") as fh:
             for lineno, raw in enumerate(fh, 1):
                 if raw.strip():
@@ -128,8 +138,13 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
     for ext in (".bin", ".idx"):
         os.replace(shard_prefix + ext + tmp, shard_prefix + ext)
     t3 = time.perf_counter()
+    unk_at = np.flatnonzero(tokens == _TOKENIZER.unk)
+    # A few sentences holding [UNK], for the message when the rate is too high.
+    unk_sents = np.unique(np.searchsorted(np.cumsum(lengths), unk_at[:200], side="right"))[:3]
     result = {"shard": index, "lines": len(lines), "documents": len(kept), "sentences": int(keep.sum()),
-              "tokens": len(tokens), "unknown_tokens": int(np.count_nonzero(tokens == _TOKENIZER.unk)),
+              "tokens": len(tokens), "unknown_tokens": len(unk_at),
+              "unknown_samples": [sents[int(i)][:120] for i in unk_sents],
+              **shards.checksum(shard_prefix),
               "skipped_records": stats.skipped, "empty_documents": len(doc_sizes) - len(kept),
               "problems": stats.problems,
               "stage_seconds": {"parse": t1 - t0, "encode": t2 - t1, "write": t3 - t2}}
@@ -142,7 +157,7 @@ def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefi
 def _manifest(paths: list[Path], vocab: Path, lowercase: bool | None, shard_lines: int,
               json_keys: tuple[str, ...] | None) -> dict[str, Any]:
     m = {"version": _MANIFEST_VERSION, "shard_lines": shard_lines, "lowercase": lowercase,
-         "vocab_sha256": hashlib.sha256(vocab.read_bytes()).hexdigest(),
+         "vocab_sha256": record.vocab_fingerprint(vocab)["sha256"],
          "inputs": [{"path": str(p.resolve()), "bytes": p.stat().st_size, "mtime_ns": p.stat().st_mtime_ns}
                     for p in paths if p.is_file()]}
     if json_keys:  # only when set, so shards of runs made before the option existed stay reusable
@@ -170,7 +185,7 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
                     workers: int = 1, lowercase: bool | None = None, shard_lines: int = 2000,
                     resume: bool = True, keep_shards: bool = False,
                     json_keys: list[str] | tuple[str, ...] | None = None, encoder: str = "auto",
-                    **opts: Any) -> dict[str, Any]:
+                    overwrite: bool = False, max_unk_rate: float = MAX_UNK_RATE, **opts: Any) -> dict[str, Any]:
     """Tokenize JSONL documents into ``<output_prefix>.bin/.idx``; return a summary.
 
     ``lowercase=None`` follows the vocabulary (an uncased vocab lower-cases). ``json_keys`` reads
@@ -179,45 +194,46 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     puts flash-tokenizer in front of a WordPiece vocabulary where its ids are exact (``corpus/fast_encode.py``),
     ``tokenizers`` uses the Rust ``tokenizers`` alone; the ids are the same. A few bad JSONL lines
     are skipped, counted and listed in the summary; no usable line at all, a missing/empty input, a
-    bad vocabulary or a prefix held by another run is fatal.
+    bad vocabulary or a prefix held by another run is fatal. ``overwrite`` lets it replace a ``.bin/.idx``
+    it did not write and write beside a foreign ``.shards/`` folder's files; ``max_unk_rate`` (0..1) is the
+    highest share of ``[UNK]`` tokens accepted.
     """
     paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
     if not paths:
         raise DataError("no input JSONL files given")
     for path in paths:  # before anything is created or locked: a typo must not leave a shard folder behind
-        if not path.is_file():
-            raise DataError("input file not found", str(path))
-        if path.stat().st_size == 0:
-            raise DataError("empty file (0 bytes)", str(path))
+        check_input_file(path)
+    if not 0.0 <= max_unk_rate <= 1.0:
+        raise DataError(f"--max-unk-rate must be between 0 and 1 (got {max_unk_rate})")
     keys = tuple(json_keys) if json_keys else None
     vocab = Path(vocab)
     if is_bpe(vocab):  # a byte-level BPE folder: its vocab.json names (and fingerprints) the vocabulary
         vocab = bpe_files(vocab)[0]
     tokenizer = load_tokenizer(vocab, lowercase=lowercase)  # validates the vocab before any work
     prefix = Path(output_prefix)
+    record.check_output_owned(prefix, overwrite)  # before any work: a refusal costs nothing
     with exclusive_lock(f"{prefix}.lock", f"output prefix {prefix}"):
         try:
             return _tokenize_locked(paths, vocab, tokenizer, prefix, workers, shard_lines, resume,
-                                    keep_shards, keys, encoder)
+                                    keep_shards, keys, encoder, overwrite, max_unk_rate)
         except OSError as e:
-            # Only our own outputs (all named <prefix>...): e.g. the disk filled or the folder became read-only.
-            if e.filename is None or not str(e.filename).startswith(str(prefix)):
+            # Only our own outputs (all named <prefix>...), or any full disk / quota: e.g. the disk filled or
+            # the folder became read-only. Finished shards stay (a rerun resumes); temporaries go.
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full and (e.filename is None or not str(e.filename).startswith(str(prefix))):
                 raise
-            raise DataError(f"cannot write the tokenized output ({e.strerror or e})", str(e.filename)) from None
+            shards.remove_ours(Path(f"{prefix}.shards"), temporaries_only=True)
+            raise os_error(e, e.filename if e.filename is not None else f"{prefix}.shards") from None
 
 
 def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokenizer, prefix: Path, workers: int,
                      shard_lines: int, resume: bool, keep_shards: bool,
-                     keys: tuple[str, ...] | None, encoder: str = "auto") -> dict[str, Any]:
+                     keys: tuple[str, ...] | None, encoder: str = "auto", overwrite: bool = False,
+                     max_unk_rate: float = MAX_UNK_RATE) -> dict[str, Any]:
     work = Path(f"{prefix}.shards")
     manifest = _manifest(paths, vocab, tokenizer.lowercase, shard_lines, keys)
-    manifest_path = work / "manifest.json"
-    if work.exists() and not (resume and manifest_path.is_file()
-                              and json.loads(manifest_path.read_text()) == manifest):
-        log.info("discarding shards in %s: inputs, vocabulary or settings changed (or --no-resume)", work)
-        shutil.rmtree(work)
-    work.mkdir(parents=True, exist_ok=True)
-    manifest_path.write_text(json.dumps(manifest, indent=1))
+    shards.prepare(work, manifest, resume, overwrite)
+    check_unk = _unk_checker(tokenizer, vocab, max_unk_rate)
 
     results: dict[int, dict[str, Any]] = {}
     reused = 0
@@ -240,21 +256,26 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
             if block or pending[k].done():
                 r = pending.pop(k).result()
                 results[k] = r
+                check_unk(results, final=False)
                 progress.update(1, tokens=r["tokens"], nbytes=shard_bytes.pop(k), docs=r["documents"])
 
     try:
         for k, lines in enumerate(_timed(_iter_shards(paths, shard_lines), stages)):
             shard_bytes[k] = sum(len(raw) for _, _, raw in lines)
             shard_prefix = str(work / f"shard-{k:06d}")
-            done = Path(shard_prefix + ".json")
-            if resume and done.is_file() and Path(shard_prefix + ".bin").is_file():
-                results[k] = json.loads(done.read_text())
-                reused += 1
-                reused_ids.add(k)
-                progress.update(1, nbytes=shard_bytes.pop(k))
-                continue
+            if resume:
+                rec, why = shards.load_verified(shard_prefix)
+                if rec is not None:
+                    results[k] = rec
+                    reused += 1
+                    reused_ids.add(k)
+                    progress.update(1, nbytes=shard_bytes.pop(k))
+                    continue
+                if why is not None:
+                    log.warning("redoing shard %d of %s: %s", k, work, why)
             if pool is None:
                 results[k] = _tokenize_shard(k, lines, shard_prefix)
+                check_unk(results, final=False)
                 progress.update(1, tokens=results[k]["tokens"], nbytes=shard_bytes.pop(k),
                                 docs=results[k]["documents"])
                 continue
@@ -273,15 +294,15 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
 
     if not any(r["documents"] for r in results.values()):
         # Shards of nothing are no progress worth resuming; an empty .bin must never look like a dataset.
-        shutil.rmtree(work, ignore_errors=True)
+        shards.remove_ours(work)
         if not results:
             raise DataError("no documents found in the inputs (only blank lines)", ", ".join(map(str, paths)))
         raise _no_usable_records(paths, results, keys)
+    check_unk(results, final=True)
     t0 = time.perf_counter()
+    record.check_output_owned(prefix, overwrite)  # again: the files may have appeared while we worked
     _write_output(prefix, work, len(results))
     stages["write"] += time.perf_counter() - t0
-    if not keep_shards:
-        shutil.rmtree(work)
 
     tot = {key: sum(r[key] for r in results.values()) for key in
            ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
@@ -306,7 +327,29 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
     log.info("tokenized %d documents, %d sentences, %d tokens (unk %.4f%%, %d bad records skipped) "
              "in %.1fs: %s tokens/s", tot["documents"], tot["sentences"], tot["tokens"],
              100 * summary["unknown_rate"], tot["skipped_records"], elapsed, f"{summary['tokens_per_s']:,}")
+    record.write_record(prefix, record.vocab_fingerprint(vocab), tokenizer.lowercase, summary)
+    if not keep_shards:  # only now: until the record is written, a rerun must still find the shards
+        shards.remove_ours(work)
     return summary
+
+
+def _unk_checker(tokenizer: Any, vocab: Path, max_rate: float):
+    """``check(results, final)``: raise when the share of ``[UNK]`` tokens so far exceeds ``max_rate``
+    (mid-run only once enough tokens were seen for the rate to mean something)."""
+    unk_name = tokenizer.inv_vocab[tokenizer.unk]
+
+    def check(results: dict[int, dict[str, Any]], final: bool) -> None:
+        tokens = sum(r["tokens"] for r in results.values())
+        unknown = sum(r["unknown_tokens"] for r in results.values())
+        if not tokens or (not final and tokens < _UNK_CHECK_FROM) or unknown <= max_rate * tokens:
+            return
+        sample = next((s for k in sorted(results) for s in results[k].get("unknown_samples", [])), "")
+        raise DataError(f"{unknown / tokens:.1%} of the tokens are {unk_name} ({unknown} of {tokens} in "
+                        f"{len(results)} shard(s)), above --max-unk-rate {max_rate:g}: this vocabulary does not "
+                        f"fit the text (another vocabulary, or the casing: --lowercase / --cased?); e.g. "
+                        f"{sample!r}", str(vocab))
+
+    return check
 
 
 def _write_output(prefix: Path, work: Path, n_shards: int) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -24,11 +25,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 def open_binary(path: str | Path) -> IO[bytes]:
     """Open ``path`` for reading bytes, transparently gunzipping by content (not by file name)."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("input file not found", str(path))
-    if path.stat().st_size == 0:
-        raise DataError("empty file (0 bytes): an interrupted download?", str(path))
+    path = check_input_file(path, empty="empty file (0 bytes): an interrupted download?")
     with open(path, "rb") as fh:
         magic = fh.read(2)
     return gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")

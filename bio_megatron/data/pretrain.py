@@ -30,9 +30,12 @@ def load_tokenizer(cfg: PretrainConfig) -> WordPieceTokenizer:
     return load_any(resolve_vocab(cfg.model.tokenizer.vocab_file), cfg.model.tokenizer.do_lower_case)
 
 
-def check_prefixes(cfg: PretrainConfig, vocab_size: int) -> None:
-    """Fail before any work when a data prefix is missing or holds token ids outside the vocabulary."""
+def check_prefixes(cfg: PretrainConfig, vocab_size: int, tokenizer: object | None = None) -> None:
+    """Fail before any work when a data prefix is missing, holds token ids outside the vocabulary, or was
+    tokenized (by its record, ``corpus/record.py``) with another vocabulary or casing than ``tokenizer``."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    from bio_megatron.corpus.record import check_data_vocab
 
     prefixes, _ = data_blend(cfg.model.data)
     if not prefixes:
@@ -53,6 +56,9 @@ def check_prefixes(cfg: PretrainConfig, vocab_size: int) -> None:
             raise DataError(f"token id {int(probe.max())} is outside the vocabulary ({vocab_size} entries, "
                             f"model.tokenizer.vocab_file={cfg.model.tokenizer.vocab_file}); was the data "
                             "tokenized with another vocab?", p + ".bin")
+        # Ids in range do not make the same vocabulary (a permuted one of the same size passes): the record's hash.
+        if tokenizer is not None:
+            check_data_vocab(p, tokenizer, cfg.model.tokenizer.vocab_file, cfg.model.data.skip_vocab_check)
 
 
 @dataclass
@@ -76,7 +82,7 @@ class PretrainData:
         self.micro_batch_size, self.global_batch_size = m.micro_batch_size, m.global_batch_size
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.num_microbatches = m.global_batch_size // (m.micro_batch_size * dp_size)
-        check_prefixes(cfg, tokenizer.vocab_size)
+        check_prefixes(cfg, tokenizer.vocab_size, tokenizer)
         if m.objective == "mlm":  # RoBERTa: our packed, dynamically masked dataset (no [PAD] = 0 needed)
             from bio_megatron.data.roberta import build_roberta_splits
 

@@ -39,6 +39,28 @@ def is_bpe(path: str | Path | None) -> bool:
     return path is not None and bpe_files(path) is not None
 
 
+def check_merges(merges_file: str, vocab: dict[str, int]) -> None:
+    """``merges.txt`` must agree with ``vocab.json``: each line (after an optional ``#version`` header) two tokens
+    separated by one space, both and their concatenation in the vocabulary. The Rust tokenizer would otherwise
+    fail on first use, deep in a worker, or (a merge whose result is missing) encode to ids that were never
+    trained; the message names the file, the line and the token."""
+    try:
+        lines = Path(merges_file).read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not UTF-8 ({exc.reason} at byte {exc.start})", merges_file) from None
+    for n, line in enumerate(lines, 1):
+        if (n == 1 and line.startswith("#version")) or (not line and n == len(lines)):
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise DataError(f"bad merges line {line[:60]!r}: expected two tokens separated by one space", merges_file, n)
+        for tok in (*parts, parts[0] + parts[1]):
+            if tok not in vocab:
+                raise DataError(f"merge {parts[0]!r} + {parts[1]!r} uses or produces {tok!r}, which is not in "
+                                "vocab.json beside it: vocab.json and merges.txt are not from the same vocabulary",
+                                merges_file, n)
+
+
 class BPETokenizer(RustBackedTokenizer):
     """RoBERTa's byte-level BPE (``add_prefix_space=False``, as ``RobertaTokenizer``) with megatron-core's
     tokenizer attributes. Never lower-cases: byte-level BPE is cased by construction."""
@@ -58,8 +80,11 @@ class BPETokenizer(RustBackedTokenizer):
         missing = [t for t in (*BPE_SPECIALS, MASK) if t not in self.vocab]
         if missing:
             raise DataError(f"BPE vocabulary lacks RoBERTa special token(s) {', '.join(missing)}", self.vocab_file)
+        if not isinstance(self.vocab, dict) or not all(isinstance(i, int) for i in self.vocab.values()):
+            raise DataError("vocab.json must be one JSON object of token -> integer id", self.vocab_file)
         if sorted(self.vocab.values()) != list(range(len(self.vocab))):
             raise DataError("vocab.json ids are not 0..N-1 without gaps", self.vocab_file)
+        check_merges(self.merges_file, self.vocab)
 
     @property
     def vocab_size(self) -> int:

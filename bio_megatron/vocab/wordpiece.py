@@ -11,15 +11,15 @@ from functools import cached_property
 from pathlib import Path
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 def read_vocab(path: str | Path) -> list[str]:
     """Read a WordPiece ``vocab.txt`` (one token per line, id = line number) and check it is usable for BERT."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("vocabulary file not found (expected a WordPiece vocab.txt, one token per line)", str(path))
+    path = check_input_file(path, "vocabulary file", empty=None,
+                            missing="vocabulary file not found (expected a WordPiece vocab.txt, one token per line)")
     try:
         tokens = path.read_text(encoding="utf-8").split("\n")
     except UnicodeDecodeError as exc:

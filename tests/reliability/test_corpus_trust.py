@@ -1,0 +1,394 @@
+"""Issue 21, the corpus side: ``data tokenize`` never touches what it did not write, records the vocabulary that
+pretraining then checks, verifies reused shards, stops on a vocabulary that turns the text into [UNK]; odd inputs
+(FIFO, symlink loop, full disk, odd PubMed ids, a 5 MB line, inconsistent BPE files, bad blend weights) are one
+line and exit 2. Each case runs the real CLI (in-process, or forked for pretraining) on real files.
+
+Found on main (bb6a95b): a user's ``<prefix>.shards/`` folder was deleted with ``shutil.rmtree`` and a user's
+``<prefix>.bin/.idx`` silently replaced; a permuted vocabulary of the same size pretrained on data tokenized with
+another; a truncated reused shard went into the output; an all-[UNK] tokenization exited 0; a FIFO or a symlink
+loop was "not found"; a full disk, a 40-digit PMID, a bad merges.txt and a 5 MB line were tracebacks; negative
+blend weights were accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from reliability.cli_log import run_cli
+from reliability.files import tree_digest
+from bio_megatron.corpus.pubmed import extract_pubmed
+from bio_megatron.corpus.samples import sample_files
+from bio_megatron.corpus.tokenize import tokenize_corpus
+from bio_megatron.vocab.builtin import resolve_vocab
+
+VOCAB = "bert-base-cased"
+pytestmark = pytest.mark.filterwarnings("ignore:Could not determine rank:UserWarning")
+
+
+@pytest.fixture(scope="module")
+def jsonl(tmp_path_factory) -> Path:
+    """Our schema, from the bundled real PubMed sample."""
+    out = tmp_path_factory.mktemp("trust") / "pubmed.jsonl"
+    extract_pubmed(sample_files()["pubmed"], out)
+    return out
+
+
+def _tokenize(inp: Path, prefix: Path, *extra: str, level: int = logging.ERROR) -> tuple[int, str]:
+    return run_cli(["data", "tokenize", "--input", str(inp), "--vocab", VOCAB, "--output-prefix", str(prefix),
+                    "--workers", "1", *extra], level=level)
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- 1. never touch what we did not write ----------------------------------------------------------------------
+
+def test_users_shards_folder_survives(tmp_path, jsonl):
+    prefix = tmp_path / "corpus"
+    shards = Path(f"{prefix}.shards")
+    shards.mkdir()
+    (shards / "my_notes.txt").write_text("a week of hand-made annotations\n")
+    (shards / "data.bin").write_bytes(os.urandom(4096))
+    before = tree_digest(tmp_path)
+    rc, msg = _tokenize(jsonl, prefix)
+    assert rc == 2 and str(shards) in msg and "not written by" in msg and "--overwrite" in msg, msg
+    assert tree_digest(tmp_path) == before
+    assert not Path(f"{prefix}.bin").exists()
+
+    user = tree_digest(shards)
+    rc, msg = _tokenize(jsonl, prefix, "--overwrite", "--shard-lines", "20")
+    assert rc == 0, msg
+    assert tree_digest(shards) == user  # the user's files, byte for byte, and none of our shards left beside them
+    assert Path(f"{prefix}.bin").stat().st_size > 0
+
+
+def test_our_shard_names_in_a_users_folder_are_never_replaced(tmp_path, jsonl):
+    prefix = tmp_path / "corpus"
+    shards = Path(f"{prefix}.shards")
+    shards.mkdir()
+    (shards / "shard-000000.bin").write_bytes(b"the user's own file with our name")
+    before = tree_digest(tmp_path)
+    rc, msg = _tokenize(jsonl, prefix, "--overwrite")
+    assert rc == 2 and "shard-000000.bin" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+def test_users_bin_idx_survive_unless_overwrite(tmp_path, jsonl):
+    prefix = tmp_path / "corpus"
+    for ext in (".bin", ".idx"):
+        Path(f"{prefix}{ext}").write_bytes(os.urandom(1000))
+    before = tree_digest(tmp_path)
+    rc, msg = _tokenize(jsonl, prefix)
+    assert rc == 2 and f"{prefix}.bin" in msg and "not written by" in msg and "--overwrite" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+    rc, msg = _tokenize(jsonl, prefix, "--overwrite")
+    assert rc == 0, msg
+    rec = json.loads(Path(f"{prefix}.bio_megatron.json").read_text())
+    assert rec["bin"]["bytes"] == Path(f"{prefix}.bin").stat().st_size
+    assert rec["vocab"]["sha256"] == _sha(resolve_vocab(VOCAB)) and rec["vocab"]["lowercase"] is False
+    assert rec["vocab"]["kind"] == "wordpiece"
+
+    first = _sha(Path(f"{prefix}.bin"))
+    rc, msg = _tokenize(jsonl, prefix)  # our own earlier output: replaced without --overwrite
+    assert rc == 0, msg
+    assert _sha(Path(f"{prefix}.bin")) == first
+
+    Path(f"{prefix}.idx").write_bytes(Path(f"{prefix}.idx").read_bytes()[:-8])  # no longer what we wrote
+    before = tree_digest(tmp_path)
+    rc, msg = _tokenize(jsonl, prefix)
+    assert rc == 2 and "not written by" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+# --- 2. nothing unverified is used -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_damaged_reused_shard_is_redone(tmp_path, jsonl, damage):
+    whole = tmp_path / "whole"
+    tokenize_corpus([jsonl], resolve_vocab(VOCAB), whole, workers=1, shard_lines=20)
+    prefix = tmp_path / "resumed"
+    s = tokenize_corpus([jsonl], resolve_vocab(VOCAB), prefix, workers=1, shard_lines=20, keep_shards=True)
+    assert s["shards"] >= 3
+    # As if interrupted before the final write: the shards are there, the output is not.
+    for ext in (".bin", ".idx", ".bio_megatron.json"):
+        Path(f"{prefix}{ext}").unlink()
+    shard = Path(f"{prefix}.shards") / "shard-000001.bin"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:10] + bytes([data[10] ^ 1]) + data[11:])
+    rc, msg = _tokenize(jsonl, prefix, "--shard-lines", "20", level=logging.WARNING)
+    assert rc == 0, msg
+    assert "redoing shard 1" in msg, msg
+    assert "redoing shard 0" not in msg and "redoing shard 2" not in msg  # the intact ones were reused
+    for ext in (".bin", ".idx"):
+        assert _sha(Path(f"{prefix}{ext}")) == _sha(Path(f"{whole}{ext}"))
+
+
+def test_all_unk_vocabulary_stops_with_the_rate(tmp_path, jsonl):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "."]) + "\n")
+    prefix = tmp_path / "corpus"
+    argv = ["data", "tokenize", "--input", str(jsonl), "--vocab", str(vocab), "--output-prefix", str(prefix),
+            "--workers", "1"]
+    rc, msg = run_cli(argv)
+    assert rc == 2 and "of the tokens are [UNK]" in msg and "--max-unk-rate 0.05" in msg, msg
+    rate = float(msg.split("% of the tokens")[0].rsplit(" ", 1)[-1].split(":")[-1])
+    assert rate > 50 and "e.g. '" in msg and str(vocab) in msg, msg
+    assert not Path(f"{prefix}.bin").exists() and not Path(f"{prefix}.idx").exists()
+    rc, msg = run_cli([*argv, "--max-unk-rate", "1"])  # the user's explicit choice: accepted, rate reported
+    assert rc == 0, msg
+    assert json.loads(Path(f"{prefix}.bio_megatron.json").read_text())["unknown_rate"] > 0.5
+
+
+# --- 3. one line and exit 2 ------------------------------------------------------------------------------------
+
+def _odd_input(kind: str, where: Path) -> Path:
+    if kind == "fifo":
+        os.mkfifo(where / "pipe")
+        return where / "pipe"
+    os.symlink("loop", where / "loop")  # a link to itself
+    return where / "loop"
+
+
+def _argv(command: str, inp: Path, out: Path, jsonl: Path) -> list[str]:
+    if command == "tokenize":
+        return ["data", "tokenize", "--input", str(inp), "--vocab", VOCAB, "--output-prefix", str(out), "--workers", "1"]
+    if command == "vocab":
+        return ["data", "tokenize", "--input", str(jsonl), "--vocab", str(inp), "--output-prefix", str(out)]
+    return ["data", command, "--input", str(inp), "--output", str(out), "--workers", "1"]
+
+
+@pytest.mark.parametrize("kind,what", [("fifo", "FIFO (named pipe)"), ("loop", "symbolic link loop")])
+@pytest.mark.parametrize("command", ["tokenize", "vocab", "pubmed", "pmc"])
+def test_fifo_and_symlink_loop_are_named(tmp_path, jsonl, kind, what, command):
+    inp = _odd_input(kind, tmp_path)
+    before = set(os.listdir(tmp_path))
+    t0 = time.perf_counter()
+    rc, msg = run_cli(_argv(command, inp, tmp_path / "out", jsonl))
+    assert time.perf_counter() - t0 < 30
+    assert rc == 2 and str(inp) in msg and what in msg, msg
+    assert set(os.listdir(tmp_path)) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the command as another user")
+def test_unreadable_input_is_permission_denied(tmp_path_factory, jsonl):
+    # root reads any file: the command runs as 'nobody' in a folder it may write, on a file it may not read.
+    d = Path(__import__("tempfile").mkdtemp(prefix="bm_unreadable_"))
+    try:
+        os.chmod(d, 0o777)
+        inp = d / "corpus.jsonl"
+        shutil.copyfile(jsonl, inp)
+        os.chmod(inp, 0o000)
+        exe = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "bio-megatron"
+        try:
+            res = subprocess.run([str(exe), *_argv("tokenize", inp, d / "out", jsonl)], user=65534,
+                                 capture_output=True, text=True, timeout=120, cwd=d, env={**os.environ, "HOME": str(d)})
+        except PermissionError as exc:
+            pytest.skip(f"user 'nobody' cannot run this checkout's Python ({exc})")
+        assert res.returncode == 2, res.stderr[-2000:]
+        assert "permission denied" in res.stderr and str(inp) in res.stderr and "Traceback" not in res.stderr
+        assert sorted(os.listdir(d)) == ["corpus.jsonl"]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs, mostly filled, for disk-full runs; skipped where this machine cannot mount one."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a tmpfs needs root and mount(8)")
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def _fill(disk: Path, leave: int) -> None:
+    st = os.statvfs(disk)
+    (disk / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+
+
+@pytest.mark.parametrize("command", ["tokenize", "pubmed", "pmc"])
+def test_disk_full_is_one_line_and_leaves_no_temporaries(small_disk, tmp_path, jsonl, command):
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(jsonl.read_bytes() * 3)
+    inputs = {"tokenize": big, "pubmed": sample_files()["pubmed"][0], "pmc": sample_files()["pmc"][0]}
+    _fill(small_disk, 8 * 1024)
+    out = small_disk / ("corpus" if command == "tokenize" else "out.jsonl")
+    rc, msg = run_cli(_argv(command, inputs[command], out, jsonl))
+    assert rc == 2 and f"no space left on {small_disk}" in msg, msg
+    left = [p.name for p in small_disk.rglob("*") if p.name != "filler"]
+    assert not [n for n in left if "tmp" in n or n.endswith((".bin", ".idx", ".jsonl", ".lock"))], left
+
+
+def test_odd_pubmed_ids_are_skipped_and_counted(tmp_path):
+    def art(pmid: str, version: str = "1") -> str:
+        return (f'<PubmedArticle><MedlineCitation><PMID Version="{version}">{pmid}</PMID><Article><ArticleTitle>'
+                "Title.</ArticleTitle><Abstract><AbstractText>Aspirin lowers fever.</AbstractText></Abstract>"
+                "</Article></MedlineCitation></PubmedArticle>")
+    odd = ["abc", "", "123456789012345678901234567890", "\u00b2", "-5", "0", "\u0661\u0662"]
+    xml = tmp_path / "odd.xml"
+    body = "".join(art(p) for p in odd) + art("42", version="x") + art("7")
+    xml.write_text(f"<PubmedArticleSet>{body}<DeleteCitation><PMID>99999999999999999999999</PMID></DeleteCitation>"
+                   "</PubmedArticleSet>", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    from bio_megatron.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(_argv("pubmed", xml, out, xml))
+    assert rc == 0
+    stats = json.loads(buf.getvalue())
+    assert stats["documents"] == 1 and stats["skipped_records"] == len(odd) + 2, stats
+    assert any("not a positive decimal number" in p for p in stats["problems"]), stats
+    assert [json.loads(line)["id"] for line in out.read_text().splitlines()] == ["PMID:7"]
+
+
+def test_five_megabyte_line_and_pathological_texts_split_fast(tmp_path):
+    from bio_megatron.corpus.sentences import split_sentences
+
+    for bad in ("a. " * 30_000, "a." * 100_000, "1" * 1_000_000, "x" + " " * 1_000_000 + "y.", "." * 500_000,
+                "E. coli " * 20_000):
+        t0 = time.perf_counter()
+        assert "".join(split_sentences(bad)).replace(" ", "") == bad.replace(" ", "")  # nothing lost or added
+        assert time.perf_counter() - t0 < 30, bad[:20]
+    # One 5 MB line of Megatron-LM JSONL through the CLI: split (linear time, windows) and tokenized, not a
+    # TimeoutError from NLTK's regular-expression guard.
+    sentence = "Protein binds DNA. "
+    text = sentence * (5_000_000 // len(sentence))
+    inp = tmp_path / "long.jsonl"
+    inp.write_text(json.dumps({"text": text}) + "\n")
+    buf = io.StringIO()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(buf):
+        rc, msg = run_cli(["data", "tokenize", "--input", str(inp), "--vocab", VOCAB, "--output-prefix",
+                           str(tmp_path / "long"), "--workers", "1", "--json-keys", "text"])
+    assert rc == 0, msg
+    assert json.loads(buf.getvalue())["sentences"] == text.count(". ") and time.perf_counter() - t0 < 120
+
+
+def _bpe_folder(tmp_path: Path, jsonl: Path) -> Path:
+    from bio_megatron.vocab.bpe import train_bpe
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(s for line in jsonl.read_text().splitlines() for s in json.loads(line)["sentences"]))
+    folder = tmp_path / "bpe"
+    folder.mkdir()
+    train_bpe([text], folder, size=600)
+    (folder / "tokenizer.json").unlink()
+    return folder
+
+
+@pytest.mark.parametrize("damage,expect", [
+    ("unknown_merge", "not in vocab.json"), ("three_parts", "expected two tokens"),
+    ("dropped_token", "not in vocab.json")])
+def test_inconsistent_bpe_files_are_one_line(tmp_path, jsonl, damage, expect):
+    folder = _bpe_folder(tmp_path, jsonl)
+    merges = folder / "merges.txt"
+    lines = merges.read_text(encoding="utf-8").split("\n")
+    if damage == "unknown_merge":
+        lines.insert(3, "Ġzqx qzx")
+    elif damage == "three_parts":
+        lines.insert(3, "a b c")
+    else:  # the result of a merge removed from vocab.json (ids re-packed so that the ids stay 0..N-1)
+        vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+        a, b = lines[5].split(" ")
+        del vocab[a + b]
+        vocab = {t: i for i, t in enumerate(sorted(vocab, key=vocab.get))}
+        (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    merges.write_text("\n".join(lines), encoding="utf-8")
+    before = tree_digest(tmp_path)
+    rc, msg = run_cli(["data", "tokenize", "--input", str(jsonl), "--vocab", str(folder), "--output-prefix",
+                       str(tmp_path / "out"), "--workers", "1"])
+    assert rc == 2 and expect in msg and "merges.txt:" in msg, msg
+    assert tree_digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("prefix,value", [("[-1,A,2,B]", "-1"), ("[0,A,0,B]", "sum to 0"), ("[abc,A,1,B]", "'abc'"),
+                                          ("[.nan,A,1,B]", "nan")])
+def test_bad_blend_weights_are_a_config_error(tmp_path, prefix, value):
+    from engine.pretrain_runs import TINY
+
+    dp = prefix.replace("A", str(tmp_path / "a")).replace("B", str(tmp_path / "b"))
+    rc, msg = run_cli(["pretrain", "--config", str(TINY), f"model.data.data_prefix={dp}",
+                       f"exp_manager.exp_dir={tmp_path}", "--dry-run"])
+    assert rc == 2 and "model.data.data_prefix" in msg and value in msg, msg
+
+
+# --- the vocabulary recorded by data tokenize, checked by pretraining ------------------------------------------
+
+def _pretrain_cli(argv: list[str]) -> tuple[int, str]:
+    """Forked rank: the real CLI, its project log kept."""
+    return run_cli(argv, level=logging.ERROR, sep="\n")
+
+
+def _permuted_vocab(tmp_path: Path) -> Path:
+    vocab = tmp_path / "vocab.txt"
+    tokens = resolve_vocab("bert_base_uncased").read_text(encoding="utf-8").split("\n")
+    i, j = tokens.index("the"), tokens.index("of")
+    tokens[i], tokens[j] = tokens[j], tokens[i]
+    vocab.write_text("\n".join(tokens), encoding="utf-8")
+    assert vocab.stat().st_size == resolve_vocab("bert_base_uncased").stat().st_size
+    return vocab
+
+
+def test_pretraining_refuses_data_tokenized_with_another_vocabulary(tmp_path, pubmed_prefix):
+    from harness import run_world
+    from engine.pretrain_runs import TINY, overrides
+
+    vocab = _permuted_vocab(tmp_path)  # same size, same ids in range: only the content differs
+    argv = ["pretrain", "--config", str(TINY),
+            *overrides(pubmed_prefix, tmp_path, "x", extra=(f"model.tokenizer.vocab_file={vocab}",))]
+    ((rc, msg),) = run_world(1, _pretrain_cli, argv)
+    assert rc == 2 and msg and "\n" not in msg, msg  # one line: the refusal, naming both vocabularies and the fix
+    ours = hashlib.sha256(vocab.read_bytes()).hexdigest()[:16]
+    theirs = _sha(resolve_vocab("bert_base_uncased"))[:16]
+    assert f"{pubmed_prefix}.bio_megatron.json" in msg and ours in msg and theirs in msg, msg
+    assert str(vocab) in msg and "model.data.skip_vocab_check=true" in msg and "re-tokenize" in msg, msg
+    assert not (tmp_path / "x" / "checkpoints").exists()
+
+
+def test_vocab_check_override_and_data_without_record(tmp_path, pubmed_prefix):
+    from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.data.pretrain import check_prefixes, load_tokenizer
+    from bio_megatron.utils.errors import DataError
+    from reliability.cli_log import project_records
+    from engine.pretrain_runs import TINY, overrides
+
+    vocab = _permuted_vocab(tmp_path)
+    cfg = load_pretrain_config(TINY, overrides(pubmed_prefix, tmp_path, "x",
+                                               extra=(f"model.tokenizer.vocab_file={vocab}",)))
+    tok = load_tokenizer(cfg)
+    with pytest.raises(DataError, match="skip_vocab_check"):
+        check_prefixes(cfg, tok.vocab_size, tok)
+    cfg.model.data.skip_vocab_check = True
+    with project_records(logging.WARNING) as records:
+        check_prefixes(cfg, tok.vocab_size, tok)  # the user's explicit override: a warning, no error
+    assert any("skip_vocab_check=true" in r.getMessage() for r in records)
+    # Megatron-LM's own preprocess_data.py output (no record): loads, with a warning that nothing was checked.
+    bare = tmp_path / "bare"
+    for ext in (".bin", ".idx"):
+        shutil.copyfile(f"{pubmed_prefix}{ext}", f"{bare}{ext}")
+    cfg = load_pretrain_config(TINY, overrides(bare, tmp_path, "x", extra=(f"model.tokenizer.vocab_file={vocab}",)))
+    with project_records(logging.WARNING) as records:
+        check_prefixes(cfg, tok.vocab_size, tok)
+    assert any("no record of the vocabulary" in r.getMessage() for r in records)
+    with pytest.raises(Exception, match="skip_vocab_check"):
+        load_pretrain_config(TINY, overrides(bare, tmp_path, "x", extra=("model.data.skip_vocab_check=maybe",)))
