@@ -8,7 +8,10 @@ Layout on disk (self-describing, loadable at any TP/PP layout)::
 A save goes to ``.iter_XXXXXXX.tmp`` and is renamed when every rank has written and ``checksums.json``
 (sha256 of every file, :mod:`bio_megatron.training.integrity`) is in place, so a crash mid-save never
 leaves a broken ``latest``. Every load verifies the directory first and reads it with pickle allow-lists;
-automatic resume falls back to the previous intact checkpoint when the newest is damaged.
+automatic resume falls back to the previous intact checkpoint when the newest is damaged. A save that runs out
+of disk space removes its temporary directory and stops every rank with one line
+(:mod:`bio_megatron.training.disk_full`); what a resumed run must share with its checkpoint is checked before
+loading (:mod:`bio_megatron.training.resume_checks`).
 """
 
 from __future__ import annotations
