@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -81,12 +82,8 @@ def iter_documents(path: str | Path, stats: ReadStats | None = None,
     ``strict=True`` it raises a ``DataError`` naming the file and line instead. A missing or empty
     file is always fatal: a silently empty corpus is worse than a stopped run.
     """
-    path = Path(path)
+    path = check_input_file(path)  # a FIFO, a symlink loop or an unreadable file is named as what it is
     stats = stats if stats is not None else ReadStats()
-    if not path.is_file():
-        raise DataError("input file not found", str(path))
-    if path.stat().st_size == 0:
-        raise DataError("empty file (0 bytes)", str(path))
     with open(path, "rb") as fh:
         yield from _iter_lines(fh, path, stats, strict)
 

@@ -167,11 +167,13 @@ def _argv(command: str, inp: Path, out: Path, jsonl: Path) -> list[str]:
         return ["data", "tokenize", "--input", str(inp), "--vocab", VOCAB, "--output-prefix", str(out), "--workers", "1"]
     if command == "vocab":
         return ["data", "tokenize", "--input", str(jsonl), "--vocab", str(inp), "--output-prefix", str(out)]
+    if command == "vocab-train":
+        return ["vocab", "train", "--input", str(inp), "--output", str(out), "--size", "200"]
     return ["data", command, "--input", str(inp), "--output", str(out), "--workers", "1"]
 
 
 @pytest.mark.parametrize("kind,what", [("fifo", "FIFO (named pipe)"), ("loop", "symbolic link loop")])
-@pytest.mark.parametrize("command", ["tokenize", "vocab", "pubmed", "pmc"])
+@pytest.mark.parametrize("command", ["tokenize", "vocab", "pubmed", "pmc", "vocab-train"])
 def test_fifo_and_symlink_loop_are_named(tmp_path, jsonl, kind, what, command):
     inp = _odd_input(kind, tmp_path)
     before = set(os.listdir(tmp_path))
