@@ -49,6 +49,27 @@ def _brief(stats: dict) -> str:
                      for k in keys if k in stats)
 
 
+# What a pretraining run writes at the top of its folder: an earlier demo run holding anything else has had files
+# added by the user, which replacing the run would delete.
+_RUN_ENTRIES = frozenset({"checkpoints", "index_cache", "metrics.jsonl", "status.json", "tensorboard", "run.lock",
+                          ".bio_megatron_output.json"})
+
+
+def _remove_earlier_demo_run(run_dir: Path) -> None:
+    """Delete an earlier demo run, or refuse (exit 2) when ``run_dir`` is not one or holds files a run never writes."""
+    if run_dir.is_symlink() or not run_dir.is_dir():
+        raise OutputError(f"{run_dir}: exists and is not a folder; move it or choose another --out")
+    names = set(os.listdir(run_dir))
+    if not names & {"metrics.jsonl", "status.json", "checkpoints"}:
+        raise OutputError(f"{run_dir}: exists and is not an earlier demo run (no metrics.jsonl, status.json "
+                          "or checkpoints); move it or choose another --out")
+    foreign = sorted(names - _RUN_ENTRIES)
+    if foreign:
+        raise OutputError(f"{run_dir}: the earlier demo run holds files a run does not write ({', '.join(foreign[:3])}"
+                          f"{' ...' if len(foreign) > 3 else ''}); move them or choose another --out")
+    shutil.rmtree(run_dir)
+
+
 def demo(out: Path, steps: int, nproc: int) -> int:
     t0 = time.perf_counter()
     out = out.resolve()
@@ -58,11 +79,8 @@ def demo(out: Path, steps: int, nproc: int) -> int:
                  f"model.tensor_model_parallel_size={nproc}", f"trainer.max_steps={steps}",
                  f"model.tokenizer.vocab_file={VOCAB}"]
     run_dir = out / "tiny_tp2"
-    if run_dir.exists():  # a demo always trains from scratch (the corpus above is reused)
-        if not any((run_dir / name).exists() for name in ("metrics.jsonl", "status.json", "checkpoints")):
-            raise OutputError(f"{run_dir}: exists and is not an earlier demo run (no metrics.jsonl, status.json "
-                              "or checkpoints); move it or choose another --out")
-        shutil.rmtree(run_dir)
+    if run_dir.exists() or run_dir.is_symlink():  # a demo always trains from scratch (the corpus above is reused)
+        _remove_earlier_demo_run(run_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "bio_megatron", "pretrain", "--config", str(recipe), *overrides]
     log.info("launching: %s", " ".join(cmd))

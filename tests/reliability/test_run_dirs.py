@@ -123,3 +123,15 @@ def test_finetuning_refuses_a_user_folder_as_its_sweep_folder(tmp_path):
                        "exp_manager.name=ner", "trainer.max_steps=2"])
     assert rc == 2 and f"{sweep}: the experiment folder" in msg and "paper.pdf" in msg, msg
     assert tree_digest(sweep) == before
+
+
+def test_demo_does_not_delete_files_added_to_its_earlier_run(tmp_path):
+    """The demo replaces its earlier run, but only when that folder holds nothing a run does not write: a user's
+    notes beside the metrics were deleted with the run (rmtree after a check for metrics.jsonl alone)."""
+    run_dir = tmp_path / "demo" / "tiny_tp2"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 9.0}\n')
+    (run_dir / "notes.txt").write_text("what I saw in this run\n")
+    rc, msg = run_cli(["demo", "--out", str(tmp_path / "demo")])
+    assert rc == 2 and "notes.txt" in msg and str(run_dir) in msg
+    assert (run_dir / "notes.txt").read_text() == "what I saw in this run\n"
