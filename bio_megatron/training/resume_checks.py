@@ -154,6 +154,17 @@ def vocab_mismatch(path: Path, run_vocab: str | Path) -> str | None:
             f"the checkpoint was trained with ({saved[0]}, sha256 {b[:12]}){same}")
 
 
+def _warn_schedule_kept(path: Path, cfg) -> None:
+    """A longer (or shorter) ``trainer.max_steps`` is allowed, but where the decay length was derived from it the
+    restored schedule still ends where the checkpoint's did (megatron-core keeps the saved decay steps): say so."""
+    saved = _saved_config(path) or {}
+    (has_old, old), (_, decay) = _get(saved, "trainer.max_steps"), _get(to_dict(cfg), "model.optim.sched.decay_steps")
+    if has_old and decay is None and old != cfg.trainer.max_steps:
+        log.warning("trainer.max_steps is %s, the checkpoint's run had %s: the restored LR schedule keeps the "
+                    "checkpoint's (decaying over that run's %s steps); to decay over the new length, start a new run "
+                    "from its weights (model.restore_from_path) instead", cfg.trainer.max_steps, old, old)
+
+
 def _lines(path: Path) -> int:
     with path.open("rb") as fh:
         return sum(1 for _ in fh)
@@ -179,6 +190,8 @@ def check_compatible(path: Path, cfg, run_vocab: str | Path, how: str, fix: str 
                               "use the vocabulary the checkpoint was trained with (a copy is saved inside it) or "
                               "start afresh with another exp_manager.name")
     found = mismatches(path, cfg, weights_only)
+    if not weights_only:
+        _warn_schedule_kept(path, cfg)
     if found:
         key, mine, theirs, why = found[0]
         more = f" (and {', '.join(k for k, *_ in found[1:])})" if len(found) > 1 else ""
