@@ -54,6 +54,7 @@ import yaml
 
 from bio_megatron.export.hf_heads import (head_settings, head_to_hf, plain_class, remote_config_fields,
                                           write_remote_code)
+from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
 from bio_megatron.loading.hf_heads import BERT_PLAIN_CLASS, CLASS_TASK, REMOTE_MODEL_TYPE
@@ -303,8 +304,9 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
              "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
             files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
 
-    report = save_verified(out, overwrite, save, (lambda tmp: verify_hf_import(hf_dir, tmp, tolerance)) if verify
-                           else None)
+    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
+    check = (lambda tmp: verify_hf_import(hf_dir, tmp, tolerance)) if verify else None
+    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check)
     result = {"out": str(out), "task": src.task, "labels": src.labels}
     if report is not None:
         result["verify"] = report
@@ -313,38 +315,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
             return result
     log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
     return result
-
-
-class _VerifyFailed(Exception):
-    """Raised inside :func:`save_verified`'s atomic block so that the unverified checkpoint is never moved in."""
-
-    def __init__(self, report: dict) -> None:
-        super().__init__(report)
-        self.report = report
-
-
-def save_verified(out: str | Path, overwrite: bool, save, verify=None) -> dict | None:
-    """``save(tmp)`` writes the checkpoint into the absent hidden sibling ``tmp``; ``verify(tmp)`` (optional)
-    checks it there, before it is renamed onto ``out``. Above tolerance the sibling is removed and ``out`` is left
-    as it was (absent, or an earlier output under --overwrite): a failed ``--verify`` never leaves a checkpoint
-    that looks finished. Returns the verify report (None without ``verify``); the CLI exits 1 when it failed."""
-    report = None
-    try:
-        # save_model_checkpoint writes atomically into ``tmp``; atomic_path then applies the folder rule (marker,
-        # --overwrite) when moving it onto ``out``.
-        with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
-            save(tmp)
-            if verify is not None:
-                report = verify(tmp)
-                report["checkpoint"] = str(out)  # where it lands: tmp is a hidden name that is gone afterwards
-                if not report["verified"]:
-                    raise _VerifyFailed(report)
-    except _VerifyFailed as failed:
-        report = failed.report
-        report["checkpoint"] = None
-        log.error("%s: not written: --verify found a max absolute difference of %.3g, above --tolerance %.3g (%s)",
-                  out, report["max_abs_diff"], report["tolerance"], report["reference"])
-    return report
 
 
 def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: float | None = None) -> dict:

@@ -80,7 +80,8 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.export.hf import IMPORT_COMMAND, save_verified
+    from bio_megatron.export.hf import IMPORT_COMMAND
+    from bio_megatron.interchange.verify import save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.hf import read_hf_weights
     from bio_megatron.loading.model import load_full_state
@@ -142,7 +143,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
 
     # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
     check = (lambda tmp: verify_electra_import(src.path, gen_dir, tmp, tolerance)) if verify else None
-    report = save_verified(out, overwrite, save, check)
+    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check)
     result = {"out": str(out), "task": None, "labels": None, "objective": "electra",
               "generator_hidden_fraction": m.generator_hidden_fraction, "fresh": missing}
     if report is not None:

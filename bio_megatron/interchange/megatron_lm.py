@@ -36,6 +36,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.interchange.megatron_lm_state import (fix_qkv, flatten, legacy_to_mcore, mcore_to_legacy_shards,
                                                        merge_pp, merge_tp)
 from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_path, check_output_dir
@@ -282,20 +283,29 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
     padded = padded_vocab_size(tok.vocab_size, divisible, 1)
     info = {"format": src["format"], "checkpoint_version": src["version"], "tp": src["tp"], "pp": src["pp"],
             "iteration": src["iteration"]}
-    with atomic_path(out, command=IMPORT_COMMAND, overwrite=overwrite) as tmp:
+    def save(tmp: Path) -> None:
         ckpt.save_model_checkpoint(
             tmp, model, PretrainConfig(model=m), vocab_file,
             {"imported_from": str(checkpoint), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
              "task": None, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "megatron_lm": info})
-    log.info("imported %s (Megatron-LM, version %s, TP %d x PP %d) -> %s", where, src["version"], src["tp"],
-             src["pp"], out)
-    result = {"out": str(out), "binary_head": binary, "vocab_size": tok.vocab_size, **info,
-              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
-    if reference is not None:
+
+    def check(tmp: Path) -> dict:
         from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
 
-        result["verify"] = verify_import(reference, out, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
-                                         source=f"{where} via transformers MegatronBertForPreTraining")
+        return verify_import(reference, tmp, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
+                             source=f"{where} via transformers MegatronBertForPreTraining")
+
+    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
+    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check if reference is not None else None)
+    result = {"out": str(out), "binary_head": binary, "vocab_size": tok.vocab_size, **info,
+              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    if report is not None:
+        result["verify"] = report
+        if not report["verified"]:
+            result["out"] = None
+            return result
+    log.info("imported %s (Megatron-LM, version %s, TP %d x PP %d) -> %s", where, src["version"], src["tp"],
+             src["pp"], out)
     return result
 
 

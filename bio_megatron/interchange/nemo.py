@@ -237,16 +237,21 @@ def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | N
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before unpacking gigabytes
     src = read_nemo(model, num_attention_heads)
-    build_and_save(src, out, IMPORT_COMMAND, overwrite)
-    log.info("imported %s (NeMo, %s, TP %d x PP %d) -> %s", src["where"], src["task"] or "MegatronBertModel",
-             src["tp"], src["pp"], out)
+    from bio_megatron.interchange.verify_nemo import verify_nemo_import
+
+    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
+    report = build_and_save(src, out, IMPORT_COMMAND, overwrite,
+                            (lambda tmp: verify_nemo_import(src, tmp, tolerance)) if verify else None)
     result = {"out": str(out), "task": src["task"], "labels": src["labels"], "tp": src["tp"], "pp": src["pp"],
               "layout": src["layout"], "binary_head": "binary_head.weight" in src["state"],
               **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
-    if verify:
-        from bio_megatron.interchange.verify_nemo import verify_nemo_import
-
-        result["verify"] = verify_nemo_import(src, out, tolerance)
+    if report is not None:
+        result["verify"] = report
+        if not report["verified"]:
+            result["out"] = None
+            return result
+    log.info("imported %s (NeMo, %s, TP %d x PP %d) -> %s", src["where"], src["task"] or "MegatronBertModel",
+             src["tp"], src["pp"], out)
     return result
 
 

@@ -12,7 +12,6 @@ import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.utils.io import atomic_path
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -40,8 +39,11 @@ def _dataset_from_nemo(m, task: str, cfg: dict, positions: int, where: str) -> N
         m.dataset.max_seq_length = positions
 
 
-def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) -> None:
-    """Our model filled with ``src`` (from :func:`~bio_megatron.interchange.nemo.read_nemo`), saved to ``out``."""
+def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool, verify=None) -> dict | None:
+    """Our model filled with ``src`` (from :func:`~bio_megatron.interchange.nemo.read_nemo`), saved to ``out``;
+    ``verify(tmp)`` checks it before it is moved there (:func:`~bio_megatron.interchange.verify.save_verified`:
+    above tolerance nothing is written). Returns the verify report, or None."""
+    from bio_megatron.interchange.verify import save_verified
     from bio_megatron.config.finetune import CONFIG_CLASSES
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.models.bert import build_model
@@ -97,7 +99,8 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) ->
         load_full_state(model, full)
         m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
         labels = src["labels"]
-        with atomic_path(out, command=command, overwrite=overwrite) as tmp:
+
+        def save(tmp: Path) -> None:
             ckpt.save_model_checkpoint(
                 tmp, model, cfg, vocab_file,
                 {"imported_from": where, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
@@ -105,6 +108,8 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool) ->
                  "nemo": {"tp": src["tp"], "pp": src["pp"], "layout": src["layout"],
                           "target": src["cfg"].get("target")}},
                 files={"label_ids.csv": "\n".join(labels) + "\n"} if labels else None)
+
+        return save_verified(out, command, overwrite, save, verify)
 
 
 def load_for_export(checkpoint: str | Path) -> dict:

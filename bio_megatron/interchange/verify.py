@@ -150,3 +150,41 @@ def verify_import(reference: Forward, checkpoint: str | Path, *, tolerance: floa
     return {"verified": bool(worst <= tolerance), "max_abs_diff": worst, "outputs": diffs, "tolerance": tolerance,
             "reference": source, "checkpoint": str(checkpoint),
             "batch": {"rows": int(ids.shape[0]), "seq": int(ids.shape[1]), "lengths": mask.sum(1).tolist()}}
+
+
+class _VerifyFailed(Exception):
+    """Raised inside :func:`save_verified`'s atomic block so that the unverified checkpoint is never moved in."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__(report)
+        self.report = report
+
+
+def save_verified(out: str | Path, command: str, overwrite: bool, save: Callable[[Path], None],
+                  verify: Callable[[Path], dict] | None = None) -> dict | None:
+    """``save(tmp)`` writes the imported checkpoint into the absent hidden sibling ``tmp``; ``verify(tmp)``
+    (``import ... --verify``) checks it there, before it is renamed onto ``out``. Above tolerance the sibling is
+    removed and ``out`` is left as it was (absent, or an earlier output under --overwrite): a failed verification
+    never leaves a checkpoint that looks finished. Returns the report (None without ``verify``); its
+    ``checkpoint`` is ``out``, or None when nothing was written (the CLI then exits 1)."""
+    from bio_megatron.utils.io import atomic_path
+    from bio_megatron.utils.log import get_logger
+
+    report = None
+    try:
+        # save_model_checkpoint writes atomically into ``tmp``; atomic_path then applies the folder rule (marker,
+        # --overwrite) when moving it onto ``out``
+        with atomic_path(out, command=command, overwrite=overwrite) as tmp:
+            save(tmp)
+            if verify is not None:
+                report = verify(tmp)
+                report["checkpoint"] = str(out)  # where it lands: tmp is a hidden name that is gone afterwards
+                if not report["verified"]:
+                    raise _VerifyFailed(report)
+    except _VerifyFailed as failed:
+        report = failed.report
+        report["checkpoint"] = None
+        get_logger(__name__).error(
+            "%s: not written: --verify found a max absolute difference of %.3g, above --tolerance %.3g (%s)", out,
+            report["max_abs_diff"], report["tolerance"], report["reference"])
+    return report

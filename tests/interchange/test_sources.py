@@ -74,6 +74,9 @@ def test_import_nemo_verify(archive):
     assert not res["damaged"]["verified"] and res["damaged"]["outputs"]["logits"] > 0.4
     assert res["damaged"]["outputs"]["hidden"] == report["outputs"]["hidden"]  # the encoder still agrees
     assert res["strict_code"] == 1
+    # above tolerance nothing is written (issue 21: the checkpoint used to be left there, looking finished)
+    strict = archive["root"] / "imported_strict"
+    assert not strict.exists() and not [p for p in strict.parent.iterdir() if p.name.startswith(".imported_strict.")]
 
 
 def _predict_from(nemo: str, ckpt: str) -> dict:

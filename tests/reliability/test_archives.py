@@ -212,3 +212,21 @@ def test_archive_limit_is_configurable(tmp_path, monkeypatch):
     monkeypatch.setenv("BIO_MEGATRON_ARCHIVE_LIMIT", "lots")
     with pytest.raises(CheckpointError, match="BIO_MEGATRON_ARCHIVE_LIMIT='lots'"):
         archive_limit()
+
+
+def test_too_many_members(tmp_path):
+    """A zip whose end record declares 65,535 members (none of them there: nothing is parsed before the count is
+    checked) and a w:gz .nemo of 20,001 empty files are refused on their count."""
+    eocd = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFE, 0xFFFE, 0, 0, 0)
+    zpath = tmp_path / "ckpt.zip"
+    zpath.write_bytes(b"PK\x03\x04" + bytes(26) + eocd)
+    res = _cli(tmp_path, "import", "megatron-lm", "--checkpoint", str(zpath), "--out", str(tmp_path / "out"))
+    _check_refused(res, zpath, "declares 65534 members, more than 20000")
+
+    nemo = tmp_path / "many.nemo"
+    with tarfile.open(nemo, "w:gz") as tar:
+        for i in range(20_001):
+            tar.addfile(tarfile.TarInfo(f"./f{i}"))
+    res = _cli(tmp_path, "import", "nemo", "--model", str(nemo), "--out", str(tmp_path / "out"))
+    _check_refused(res, nemo, "more than 20000 members")
+    assert not (tmp_path / "out").exists()
