@@ -7,6 +7,7 @@ both, whatever their outcome. Only cells that are neither done nor missing are s
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import sys
@@ -59,8 +60,25 @@ def describe(plan: Plan, suite_args: list[str], sbatch_args: list[str]) -> list[
     st = stages(plan)
     sizes = " + ".join(str(len(s)) for s in st) or "0"
     head = (f"SLURM: {sizes} array task(s), one per cell to run ({'; '.join(ranges(s) for s in st) or 'none'}); "
-            "submit them with --launcher slurm, or by hand ($JOB0, $JOB1: the job ids the arrays get):")
-    return [head] + ["  " + shlex.join(c) for c in commands(plan, suite_args, sbatch_args)]
+            "submit them with --launcher slurm, or by hand (bash; $JOB0, $JOB1: the job ids the arrays get):")
+    return [head] + ["  " + line for line in shell_lines(commands(plan, suite_args, sbatch_args))]
+
+
+def shell_lines(cmds: list[list[str]]) -> list[str]:
+    """The commands as bash lines to copy-paste: each array's id kept in ``JOB<n>`` (``--parsable`` prints
+    ``id[;cluster]``) and ``$JOB<n>`` left to the shell to expand (shlex.join alone would single-quote it)."""
+    out = []
+    for n, cmd in enumerate(cmds):
+        line = " ".join(_shell_word(w) for w in cmd)
+        out.append(f"JOB{n}=$({line} | cut -d';' -f1)" if n < len(cmds) - 1 else line)
+    return out
+
+
+def _shell_word(word: str) -> str:
+    parts = re.split(r"(\$JOB\d+)", word)
+    if len(parts) == 1:
+        return shlex.quote(word)
+    return "".join(f'"{p}"' if p.startswith("$JOB") else shlex.quote(p) if p else "" for p in parts)
 
 
 def submit(plan: Plan, suite_args: list[str], sbatch_args: list[str]) -> list[str]:
