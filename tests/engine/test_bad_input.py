@@ -75,6 +75,8 @@ def test_broken_latest_marker_is_named(tmp_path, pubmed_prefix):
     ckpts = tmp_path / "x" / "checkpoints"
     ckpts.mkdir(parents=True)
     (ckpts / "latest").write_text("7\n")  # a save that never completed
+    # a run of ours (every run folder gets the marker when it starts): a folder without it is refused before this
+    (tmp_path / "x" / ".bio_megatron_output.json").write_text('{"command": "pretrain"}\n')
     rc, msg = _pretrain(overrides(pubmed_prefix, tmp_path, "x"))
     assert rc != 0 and "latest" in msg and "iter_0000007" in msg
 
