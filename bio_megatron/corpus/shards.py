@@ -48,10 +48,10 @@ def remove_ours(work: Path, temporaries_only: bool = False) -> None:
     for p in _ours(work):
         if not temporaries_only or ".tmp-" in p.name:
             p.unlink(missing_ok=True)
-    if not temporaries_only:
-        try:
-            work.rmdir()
-        except OSError:
+    try:
+        work.rmdir()  # only succeeds when empty: a failed first run leaves no folder behind
+    except OSError:
+        if not temporaries_only:
             log.info("kept %s: it holds files that data tokenize did not write", work)
 
 
@@ -63,7 +63,7 @@ def prepare(work: Path, manifest: dict[str, Any], resume: bool, overwrite: bool)
                           "there: move it away or choose another --output-prefix")
     if work.is_dir():
         old = _manifest_of(work)
-        if old is None:
+        if old is None and next(work.iterdir(), None) is not None:  # an empty folder holds nothing to lose
             clash = [p.name for p in work.iterdir() if OUR_FILE.fullmatch(p.name)]
             if not overwrite:
                 raise OutputError(f"{work}: a folder not written by `bio-megatron data tokenize` (no manifest.json "
@@ -73,7 +73,7 @@ def prepare(work: Path, manifest: dict[str, Any], resume: bool, overwrite: bool)
                 raise OutputError(f"{work}: holds {clash[0]}, a file we did not write with a name our shards use; "
                                   "refusing to replace it even with --overwrite: choose another --output-prefix")
             log.warning("%s: not ours (no manifest.json); --overwrite: writing shards beside its files", work)
-        elif not (resume and old == manifest):
+        elif old is not None and not (resume and old == manifest):
             log.info("discarding our shards in %s: inputs, vocabulary or settings changed (or --no-resume)", work)
             for p in _ours(work):
                 p.unlink()

@@ -78,6 +78,7 @@ def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] 
     # One process = one core: stop the Rust tokenizer from also spawning its own thread pool.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = load_tokenizer(vocab, lowercase=lowercase)
+    _TOKENIZER.warn_unknown_rate = None  # the run stops on its own --max-unk-rate instead (per shard: no spam)
     _ENCODER = fast_encoder(_TOKENIZER, encoder)
 
 
@@ -400,4 +401,5 @@ def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str,
     _PREV_PAR[0] = os.environ.get("TOKENIZERS_PARALLELISM")
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _TOKENIZER = tokenizer
+    tokenizer.warn_unknown_rate = None  # the run stops on its own --max-unk-rate instead (per shard: no spam)
     _ENCODER = fast_encoder(tokenizer, encoder)

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.input_files import check_input_file
+from bio_megatron.utils.log import get_logger
 
+log = get_logger(__name__)
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
@@ -60,6 +62,25 @@ class RustBackedTokenizer:
     backend: object
     cls: int
     sep: int
+    unk: int
+    # Fine-tuning text encoded here warns when more than this share of its tokens is the unknown token (a
+    # vocabulary that does not fit the text: another one than the model's, or the casing). data tokenize
+    # turns this off in its workers: it stops on its own --max-unk-rate instead.
+    warn_unknown_rate: float | None = 0.05
+
+    def _check_unknown(self, id_lists: list, what: str) -> None:
+        """Warn (once per call, when at least 1,000 tokens were encoded) about a high unknown-token rate."""
+        if self.warn_unknown_rate is None:
+            return
+        total = sum(len(ids) for ids in id_lists)
+        if total < 1000:
+            return
+        unk = self.unk
+        unknown = sum(ids.count(unk) for ids in id_lists)
+        if unknown > self.warn_unknown_rate * total:
+            log.warning("%.1f%% of the %d tokens of the %s are the unknown token (vocabulary %s, lower_case=%s): "
+                        "does this vocabulary belong to the model and the text?", 100 * unknown / total, total, what,
+                        getattr(self, "vocab_file", "?"), getattr(self, "lowercase", "?"))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -75,11 +96,15 @@ class RustBackedTokenizer:
     def encode_words(self, sentences: list[list[str]]) -> list:
         """``tokenizers`` encodings (``ids``, ``word_ids``) of pre-split sentences, without special tokens: what
         transformers' fast tokenizer gives with ``is_split_into_words=True``."""
-        return self.word_backend.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
+        out = self.word_backend.encode_batch(sentences, is_pretokenized=True, add_special_tokens=False)
+        self._check_unknown([e.ids for e in out], "pre-split words")
+        return out
 
     def encode_texts(self, texts: list[str]) -> list:
         """``tokenizers`` encodings (``ids``, character ``offsets``) of raw texts, without special tokens."""
-        return self.backend.encode_batch(texts, add_special_tokens=False)
+        out = self.backend.encode_batch(texts, add_special_tokens=False)
+        self._check_unknown([e.ids for e in out], "texts")
+        return out
 
     def single(self, ids: list[int]) -> list[int]:
         """One sequence as the model reads it: ``[CLS] ids [SEP]`` (``<s> ids </s>`` for RoBERTa)."""
@@ -102,7 +127,9 @@ class RustBackedTokenizer:
     def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch_fast skips character offsets we never use: ~1.5x faster, same ids.
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
-        return [e.ids for e in encode(texts, add_special_tokens=False)]
+        out = [e.ids for e in encode(texts, add_special_tokens=False)]
+        self._check_unknown(out, "texts")
+        return out
 
     def tokens_of(self, text: str) -> list[str]:
         return self.backend.encode(text, add_special_tokens=False).tokens

@@ -152,6 +152,24 @@ def test_all_unk_vocabulary_stops_with_the_rate(tmp_path, jsonl):
     assert json.loads(Path(f"{prefix}.bio_megatron.json").read_text())["unknown_rate"] > 0.5
 
 
+def test_fine_tuning_text_with_mostly_unknown_tokens_warns(tmp_path, jsonl):
+    from bio_megatron.vocab.bpe import load_tokenizer
+    from reliability.cli_log import project_records
+
+    sentences = [s for line in jsonl.read_text().splitlines() for s in json.loads(line)["sentences"]][:200]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "."]) + "\n")
+    for path, warned in ((vocab, True), (resolve_vocab(VOCAB), False)):
+        tok = load_tokenizer(path)
+        for encode, arg in ((tok.encode_words, [s.split() for s in sentences]), (tok.encode_texts, sentences),
+                            (tok.tokenize_batch, sentences)):
+            with project_records(logging.WARNING) as records:
+                encode(arg)
+            hits = [r.getMessage() for r in records if "are the unknown token" in r.getMessage()]
+            assert bool(hits) is warned, (path, encode.__name__, hits)
+            assert not warned or str(vocab) in hits[0]
+
+
 # --- 3. one line and exit 2 ------------------------------------------------------------------------------------
 
 def _odd_input(kind: str, where: Path) -> Path:
