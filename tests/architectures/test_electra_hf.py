@@ -275,3 +275,22 @@ def test_refuses_what_the_shared_embedding_model_cannot_hold(imported, tmp_path,
     with pytest.raises(CheckpointError, match=message):
         import_hf(folders["disc"], tmp_path / "out", generator=folders["gen"])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"num_hidden_layers": 1}, "num_hidden_layers 1 but the weights hold 2 layers (electra.encoder.layer.{0..1}.*)"),
+    ({"max_position_embeddings": 128}, "max_position_embeddings 128 but electra.embeddings.position_embeddings.weight "
+                                       "has shape [64, 64] (64 positions)"),
+])
+def test_discriminator_config_disagreeing_with_its_tensors_is_refused(imported, tmp_path, config, message):
+    """A discriminator imported alone (as BioELECTRA publishes it): its config.json is checked against the tensors
+    beside it (issue 21: with num_hidden_layers 1 the second layer was dropped without a word)."""
+    from bio_megatron.export.hf import import_hf
+    from bio_megatron.utils.errors import CheckpointError
+
+    root, _ = imported
+    disc = _edited(root / "disc", tmp_path / "disc", config)
+    with pytest.raises(CheckpointError) as err:
+        import_hf(disc, tmp_path / "out")
+    assert f"{disc}/config.json disagrees with the weights beside it: {message}" == str(err.value)
+    assert not (tmp_path / "out").exists()
