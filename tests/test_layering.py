@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("predict", ("predict",)),
     ("converters", ("interchange",)),
     ("export", ("export",)),
-    ("tools", ("bench", "benchmark", "demo")),
+    ("tools", ("bench", "benchmark", "demo", "report")),
     ("cli", ("cli",)),
     ("entry point", ("__main__",)),
 ]

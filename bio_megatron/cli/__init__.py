@@ -30,6 +30,7 @@ _COMMAND_MODULES = (
     "bio_megatron.cli.analyse",
     "bio_megatron.cli.bench",
     "bio_megatron.cli.benchmark",
+    "bio_megatron.cli.report",
 )
 
 
