@@ -4,7 +4,8 @@ Inputs are the folder's ``manifest.json`` (suite, model, options), ``plan.json``
 when it is missing) and each cell's ``cell.json`` (finished) or ``error.json`` (failed). The same files always
 give byte-identical outputs. Layouts: BLURB's table (datasets grouped by task type, BLURB's metric names,
 task-type averages, the BLURB score) and the paper's Tables 1-2 (P/R/F1; SAcc/LAcc/MRR), every value on the
-0-100 scale as mean ± sample s.d. over seeds with the median.
+0-100 scale as mean ± sample s.d. over seeds with the median (one seed: its score, no spread). The same
+numbers go to ``results.csv`` and ``results.tex`` (benchmark/tables.py) with per-dataset plots in ``plots/``.
 """
 
 from __future__ import annotations
@@ -152,8 +153,11 @@ def _cell_row(c: dict) -> dict:
 
 
 def _value(stats: dict | None, with_median: bool = True) -> str:
+    """mean ± s.d. (median); one seed has no spread to show: its score alone ("75.31"; the Seeds column says 1)."""
     if not stats:
         return ""
+    if stats.get("n", 2) == 1:
+        return f"{stats['mean']:.2f}"
     text = f"{stats['mean']:.2f} ± {stats['std']:.2f}"
     return text + (f" (median {stats['median']:.2f})" if with_median else "")
 
@@ -174,7 +178,7 @@ def blurb_markdown(res: dict) -> str:
             s = r.get("stats", {}).get(r["metric"])
             score, median = (_value(s, False), f"{s['median']:.2f}") if s else (_why(r), "")
             lines.append(f"| {t['task_type'] if i == 0 else ''} | {r['title']} | {r['metric_name']} | {score} | "
-                         f"{median} | {len(r.get('seeds', []))} |")
+                         f"{median if s and s['n'] > 1 else ''} | {len(r.get('seeds', []))} |")
         avg = f"**{t['average']:.2f}**" if t["average"] is not None else "n/a"
         titles = {r["key"]: r["title"] for r in rows}
         note = f" (without {', '.join(titles[k] for k in t['missing'])})" if t["missing"] and t["average"] is not None \
@@ -189,7 +193,7 @@ def blurb_markdown(res: dict) -> str:
 
 def paper_markdown(res: dict) -> str:
     lines = _header(res)
-    model = Path(res["model"]).name
+    model = display_name(res)
     mf = res.get("model_facts")
     facts = [mf["parameters_text"], mf["vocabulary"]] if mf else ["", ""]
     for group in SUITES[res["suite"]].groups:
@@ -220,11 +224,11 @@ def _header(res: dict) -> list[str]:
     extra += [f"--epochs {o['epochs']}"] if o.get("epochs") else []
     mf = res.get("model_facts")
     about = f" ({mf['parameters']:,} parameters, vocabulary {mf['vocabulary']})" if mf else ""
-    return [f"# {res['title']}: {Path(res['model']).name}", "",
+    return [f"# {res['title']}: {display_name(res)}", "",
             f"Model `{res['model']}`{about}; seeds {_seeds_text(res)}"
             + ("; head grid, the point with the best mean dev score kept" if res["grid"] else "")
             + (f"; {' '.join(extra)} (a smoke run, not the protocol)" if extra else "")
-            + f". Scores on a 0-100 scale: mean ± sample s.d. over seeds. Cells: {res['cells_finished']} finished, "
+            + f". Scores on a 0-100 scale: mean ± sample s.d. over seeds (one seed: its score, n=1). Cells: {res['cells_finished']} finished, "
             f"{res['cells_missing']} missing, {res['cells_failed']} failed, {res['cells_pending']} pending "
             f"of {res['cells_total']}.", ""]
 
@@ -253,14 +257,30 @@ def _problems(res: dict) -> list[str]:
                                                   for (key, status, reason), seeds in groups.items()] + [""]
 
 
-def write_report(out: Path) -> dict:
-    """Rebuild ``results.json`` and ``results.md`` of the suite folder ``out`` from its cells."""
+def display_name(res: dict) -> str:
+    """The model's name in the tables: ``--name``, else its folder's name."""
+    return res.get("model_name") or Path(res["model"]).name
+
+
+def write_report(out: Path, name: str | None = None, plots: bool = True) -> dict:
+    """Rebuild ``results.json``, ``results.md``, ``results.csv``, ``results.tex`` and (``plots``) the per-dataset
+    plots of ``plots/`` of the suite folder ``out`` from its cells; ``name``: the model's display name."""
+    from bio_megatron.benchmark.tables import results_csv, results_tex, write_plots
+
     manifest, cells = collect(out)
     suite = SUITES[manifest["suite"]]
     # a NeMo / Megatron-LM source was imported into the suite folder: that is the model the cells fine-tune
     model = out / "model" if manifest.get("model_kind") in ("nemo", "megatron-lm") else Path(manifest["model"])
     res = build_results(suite, manifest, cells, model_facts(model))
+    if name:
+        res["model_name"] = name
+    if plots:
+        res["plots"] = write_plots(res, out / "plots")
     write_json_atomic(out / "results.json", res)
     with atomic_open(out / "results.md", "w", encoding="utf-8") as fh:
         fh.write(blurb_markdown(res) if suite.blurb_score else paper_markdown(res))
+    with atomic_open(out / "results.csv", "w", encoding="utf-8", newline="") as fh:
+        fh.write(results_csv(res))
+    with atomic_open(out / "results.tex", "w", encoding="utf-8") as fh:
+        fh.write(results_tex(res))
     return res

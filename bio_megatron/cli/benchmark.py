@@ -54,8 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         s.add_argument("--dry-run", action="store_true", help="print the cells and their commands, then exit")
         s.add_argument("overrides", nargs="*", help="key=value for every cell, e.g. model.micro_batch_size=16")
         s.set_defaults(func=run_suite)
-    r = suites.add_parser("report", help="rebuild results.json and results.md from a suite folder's cells")
+    r = suites.add_parser("report", help="rebuild results.json, results.md, results.csv, results.tex and plots/ "
+                                         "from a suite folder's cells")
     r.add_argument("dir", help="the suite folder")
+    r.add_argument("--name", help="the model's display name in the tables and plots (default: its folder's name)")
     r.set_defaults(func=run_report)
 
 
@@ -143,8 +145,10 @@ def run_report(args: argparse.Namespace) -> int:
     from bio_megatron.benchmark.report import write_report
 
     out = Path(args.dir)
-    res = write_report(out)
+    res = write_report(out, name=args.name)
     score = res.get("blurb_score")
-    sys.stdout.write(f"{out / 'results.json'}, {out / 'results.md'}: {res['cells_finished']}/{res['cells_total']} "
-                     f"cells finished" + (f", BLURB score {score:.2f}" if score is not None else "") + "\n")
+    files = ", ".join(str(out / f"results.{ext}") for ext in ("json", "md", "csv", "tex"))
+    sys.stdout.write(f"{files}: {res['cells_finished']}/{res['cells_total']} cells finished"
+                     + (f", BLURB score {score:.2f}" if score is not None else "")
+                     + (f"; {len(res['plots'])} plot(s) in {out / 'plots'}" if res.get("plots") else "") + "\n")
     return 0
