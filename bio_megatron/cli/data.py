@@ -16,7 +16,13 @@ def _expand(inputs: list[str], suffixes: tuple[str, ...]) -> list[str]:
     out: list[str] = []
     for item in inputs:
         p = Path(item)
-        if p.is_dir():
+        try:
+            is_dir = p.is_dir()
+        except OSError as exc:  # e.g. a folder on the way that we may not enter: one line, not a traceback
+            from bio_megatron.utils.input_files import os_error
+
+            raise os_error(exc, p, reading=True) from None
+        if is_dir:
             found = sorted(str(q) for q in p.rglob("*") if q.is_file() and q.name.endswith(suffixes))
             if not found:
                 raise DataError(f"no {'/'.join(suffixes)} files in directory", str(p))

@@ -202,24 +202,36 @@ def test_fifo_and_symlink_loop_are_named(tmp_path, jsonl, kind, what, command):
     assert set(os.listdir(tmp_path)) == before
 
 
+def _as_nobody(argv: list[str]) -> tuple[int, str]:
+    """Forked child: drop to user 'nobody' (root reads any file), then run the CLI in-process."""
+    os.setgid(65534)
+    os.setuid(65534)
+    return run_cli(argv)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the command as another user")
-def test_unreadable_input_is_permission_denied(tmp_path_factory, jsonl):
-    # root reads any file: the command runs as 'nobody' in a folder it may write, on a file it may not read.
-    d = Path(__import__("tempfile").mkdtemp(prefix="bm_unreadable_"))
+@pytest.mark.parametrize("command", ["tokenize", "vocab", "pubmed", "pmc", "vocab-train"])
+def test_unreadable_input_is_permission_denied(jsonl, command, tmp_path):
+    from harness import run_world
+
+    d = Path(__import__("tempfile").mkdtemp(prefix="bm_unreadable_"))  # a folder 'nobody' may write into
     try:
         os.chmod(d, 0o777)
-        inp = d / "corpus.jsonl"
-        shutil.copyfile(jsonl, inp)
+        src = {"tokenize": jsonl, "vocab": resolve_vocab(VOCAB), "pubmed": sample_files()["pubmed"][0],
+               "pmc": sample_files()["pmc"][0], "vocab-train": jsonl}[command]
+        inp, readable = d / f"unreadable_{src.name}", d / "readable.jsonl"
+        shutil.copyfile(src, inp)
+        shutil.copyfile(jsonl, readable)
         os.chmod(inp, 0o000)
-        exe = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "bio-megatron"
-        try:
-            res = subprocess.run([str(exe), *_argv("tokenize", inp, d / "out", jsonl)], user=65534,
-                                 capture_output=True, text=True, timeout=120, cwd=d, env={**os.environ, "HOME": str(d)})
-        except PermissionError as exc:
-            pytest.skip(f"user 'nobody' cannot run this checkout's Python ({exc})")
-        assert res.returncode == 2, res.stderr[-2000:]
-        assert "permission denied" in res.stderr and str(inp) in res.stderr and "Traceback" not in res.stderr
-        assert sorted(os.listdir(d)) == ["corpus.jsonl"]
+        os.chmod(readable, 0o644)
+        ((rc, msg),) = run_world(1, _as_nobody, _argv(command, inp, d / "out", readable))
+        assert rc == 2 and "permission denied" in msg and str(inp) in msg, msg
+        if command in ("tokenize", "vocab"):  # a folder on the way that 'nobody' may not enter: one line too
+            os.chmod(d, 0o700)
+            ((rc, msg),) = run_world(1, _as_nobody, _argv(command, inp, tmp_path / "out", readable))
+            assert rc == 2 and "permission denied" in msg, msg
+            os.chmod(d, 0o777)
+        assert sorted(os.listdir(d)) == sorted([inp.name, readable.name])
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
