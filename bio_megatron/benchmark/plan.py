@@ -22,6 +22,9 @@ log = get_logger(__name__)
 # Keys the suite sets for every cell (where its run lives, its seed, what it starts from).
 CONTROLLED = ("exp_manager.exp_dir", "exp_manager.name", "trainer.seed", "model.restore_from_path",
               "exp_manager.resume_if_exists")
+# --max-examples draws its sample with this seed unless --sample-seed says otherwise (the same cells for every
+# training seed: the seeds vary the training, not the data).
+DEFAULT_SAMPLE_SEED = 1234
 _TASK_CLASS = {"ner": ("bio_megatron.tasks.ner", "NerTask"), "re": ("bio_megatron.tasks.re", "ReTask"),
                "qa": ("bio_megatron.tasks.qa", "QaTask"), "classify": ("bio_megatron.tasks.classify", "ClassifyTask")}
 
@@ -45,6 +48,8 @@ class Options:
     runs: dict = field(default_factory=dict)
     """dataset -> how many of the first ``seeds`` it runs (the publications' runs, without ``--seeds``); a
     dataset not listed runs every seed."""
+    sample_seed: int = DEFAULT_SAMPLE_SEED
+    """With ``max_examples``: the seed of the random (stratified for classification) sample of each split."""
 
     def seeds_of(self, key: str) -> tuple[int, ...]:
         return self.seeds[:self.runs[key]] if key in self.runs else self.seeds
@@ -53,6 +58,8 @@ class Options:
         out = json.loads(json.dumps(asdict(self)))  # as the manifest reads back (lists, not tuples)
         if not out["runs"]:  # --seeds given: the manifest stays as before per-dataset runs, earlier folders match
             del out["runs"]
+        if out["max_examples"] is None:  # no sample drawn: the seed means nothing (and earlier folders match)
+            del out["sample_seed"]
         return out
 
 
@@ -171,7 +178,8 @@ def _size_overrides(opts: Options) -> list[str]:
     out = []
     if opts.max_examples is not None:
         out += [f"model.dataset.max_train_examples={opts.max_examples}",
-                f"model.dataset.max_eval_examples={opts.max_examples}"]
+                f"model.dataset.max_eval_examples={opts.max_examples}",
+                f"model.dataset.max_examples_seed={opts.sample_seed}"]  # not the first N rows: often one class
     if opts.epochs is not None:
         out += [f"trainer.max_epochs={opts.epochs}", "trainer.max_steps=-1"]
     return out

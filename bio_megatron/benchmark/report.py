@@ -220,7 +220,8 @@ def paper_markdown(res: dict) -> str:
 
 def _header(res: dict) -> list[str]:
     o = res["options"]
-    extra = [f"--max-examples {o['max_examples']}"] if o.get("max_examples") else []
+    extra = [f"--max-examples {o['max_examples']} (a random sample, seed {o.get('sample_seed', 'none: the first rows')})"
+             ] if o.get("max_examples") else []
     extra += [f"--epochs {o['epochs']}"] if o.get("epochs") else []
     mf = res.get("model_facts")
     about = f" ({mf['parameters']:,} parameters, vocabulary {mf['vocabulary']})" if mf else ""

@@ -18,6 +18,7 @@ _LAUNCH_HELP = ("local: each cell's `bio-megatron finetune` in a child process o
 
 def register(sub: argparse._SubParsersAction) -> None:
     from bio_megatron.benchmark.launch import LAUNCHERS
+    from bio_megatron.benchmark.plan import DEFAULT_SAMPLE_SEED
 
     p = sub.add_parser("benchmark", help="whole benchmark suites (BLURB; the paper's Tables 1-2): every dataset x "
                                          "seed, resumable, with the publications' tables",
@@ -39,7 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         s.add_argument("--grid", action=argparse.BooleanOptionalAction, default=None,
                        help="sweep the recipes' head grid and keep the best mean dev point "
                             f"(default: {'on' if name == 'paper' else 'off'})")
-        s.add_argument("--max-examples", type=int, help="cut train/dev/test to N examples (smoke runs)")
+        s.add_argument("--max-examples", type=int, help="cut train/dev/test to N examples drawn at random, "
+                                                         "stratified by label for classification (smoke runs)")
+        s.add_argument("--sample-seed", type=int, default=DEFAULT_SAMPLE_SEED,
+                       help=f"seed of the --max-examples sample (default {DEFAULT_SAMPLE_SEED}; recorded in the "
+                            "suite's manifest and results)")
         s.add_argument("--epochs", type=int, help="trainer.max_epochs for every cell (smoke runs)")
         s.add_argument("--recipe-map", help="YAML: dataset -> {recipe, overrides} replacing the suite's recipe")
         s.add_argument("--launcher", choices=LAUNCHERS, default="local", help=_LAUNCH_HELP)
@@ -76,7 +81,8 @@ def _suite_args(args: argparse.Namespace, opts, out: Path) -> list[str]:
     seeds = [] if opts.runs else ["--seeds", ",".join(map(str, opts.seeds))]
     a = [opts.suite, "--model", opts.model, "--out", str(out), "--datasets", ",".join(opts.datasets), *seeds,
          "--grid" if opts.grid else "--no-grid"]
-    a += ["--max-examples", str(opts.max_examples)] if opts.max_examples else []
+    a += ["--max-examples", str(opts.max_examples), "--sample-seed", str(opts.sample_seed)] if opts.max_examples \
+        else []
     a += ["--epochs", str(opts.epochs)] if opts.epochs else []
     a += ["--recipe-map", os.path.abspath(args.recipe_map)] if args.recipe_map else []
     return a + list(opts.overrides)
@@ -102,7 +108,7 @@ def run_suite(args: argparse.Namespace) -> int:
     opts = Options(suite.name, model, datasets, tuple(seeds or suite.seeds),
                    suite.grid if args.grid is None else args.grid, args.max_examples, args.epochs,
                    tuple(args.overrides), load_recipe_map(args.recipe_map),
-                   {} if seeds else suite.default_runs(datasets))
+                   {} if seeds else suite.default_runs(datasets), args.sample_seed)
     plan = build_plan(opts, out, restore_path(out, model, kind))
     if args.cell is not None and not 0 <= args.cell < len(plan.cells):
         raise ConfigError(f"--cell {args.cell}: the suite has cells 0-{len(plan.cells) - 1} (see --dry-run)")

@@ -86,6 +86,9 @@ class NerDatasetConfig:
     max_train_examples: int | None = None
     """Use only the first N training sentences (tests, quick checks)."""
     max_eval_examples: int | None = None
+    max_examples_seed: int | None = None
+    """null: max_train/eval_examples keep the first N examples of a split; a seed: N drawn at random with it,
+    stratified by label for classification (tasks/subset.py; `benchmark --max-examples` sets it)."""
 
 
 @dataclass
@@ -100,6 +103,7 @@ class ReDatasetConfig:
     class_balancing: Literal["weighted_loss"] | None = None
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    max_examples_seed: int | None = None
 
 
 @dataclass
@@ -126,6 +130,7 @@ class QaDatasetConfig:
     answers (BioASQ measures when ``bioasq_golden`` is set); the checkpoint is chosen on it, never on test."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    max_examples_seed: int | None = None
     bad_answer_start: Literal["error", "drop"] = "error"
     """An answer whose ``answer_start`` does not point at its text: ``error`` (the file, line and question id),
     or ``drop`` its question (counted in the log). Never trained as a wrong span or as "no answer"."""
@@ -150,6 +155,7 @@ class ClassifyDatasetConfig:
     setting of Jin et al. 2019) instead of its contexts (false: BLURB's reasoning-required setting)."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
+    max_examples_seed: int | None = None
 
 
 def _finetune_optim() -> OptimConfig:

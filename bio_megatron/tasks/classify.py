@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from bio_megatron.evaluation.blurb import as_dict
 from bio_megatron.models.heads import SequenceClassifier, build_head
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode
+from bio_megatron.tasks.subset import take
 from bio_megatron.utils.errors import ConfigError, DataError
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.log import get_logger
@@ -65,7 +66,7 @@ class ClassifyTask:
                               f"{self.d.task_name!r} has the labels {list(self.data.labels)}")
         self.labels = list(self.data.labels)
         self.tokenizer = tokenizer
-        self.train = self._encode(self._read(self.d.train_file)[: self.d.max_train_examples])
+        self.train = self._encode(self._take(self._read(self.d.train_file), self.d.max_train_examples))
         self.weights = None  # single: cross-entropy class weights; multi: BCE pos_weight per label
         if self.d.class_balancing == "weighted_loss":
             self.weights = self._balancing_weights(self.train.examples)
@@ -92,6 +93,10 @@ class ClassifyTask:
         neg = len(examples) - pos
         return torch.where(pos > 0, neg / pos.clamp(min=1), 1.0)
 
+    def _take(self, examples: list[ClassifyExample], n: int | None) -> list[ClassifyExample]:
+        """max_*_examples: stratified by label where a label is one class (not scores, not label sets)."""
+        return take(examples, n, self.d.max_examples_seed, (lambda e: e.target) if self.mode == "single" else None)
+
     def _read(self, file: str) -> list[ClassifyExample]:
         return self.data.examples(Path(self.d.data_dir) / file, **self.data.reader_options(self.d))
 
@@ -112,7 +117,7 @@ class ClassifyTask:
             file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
             if not file:
                 return None
-            self.splits[name] = self._encode(self._read(file)[: self.d.max_eval_examples])
+            self.splits[name] = self._encode(self._take(self._read(file), self.d.max_eval_examples))
         return self.splits[name]
 
     @property

@@ -12,6 +12,7 @@ from bio_megatron.evaluation.conlleval import evaluate_sequences
 from bio_megatron.models.heads import build_head, token_loss
 from bio_megatron.tasks.ner_data import (IGNORE_INDEX, NerFeature, Sentence, build_label_map, class_weights,
                                          encode_sentences, read_iob, read_nemo, word_predictions)
+from bio_megatron.tasks.subset import take
 from bio_megatron.utils.errors import DataError
 
 
@@ -41,7 +42,7 @@ class NerTask:
     def __init__(self, cfg, tokenizer, labels: list[str] | None = None):
         self.d = cfg.model.dataset
         self.tokenizer = tokenizer
-        train = read_split(self.d, self.d.train_file)[: self.d.max_train_examples]
+        train = take(read_split(self.d, self.d.train_file), self.d.max_train_examples, self.d.max_examples_seed)
         if labels is None:
             label_map = build_label_map(train, self.d.pad_label)
         else:
@@ -65,7 +66,7 @@ class NerTask:
             file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
             if not file:
                 return None
-            sents = read_split(self.d, file, self.labels)[: self.d.max_eval_examples]
+            sents = take(read_split(self.d, file, self.labels), self.d.max_eval_examples, self.d.max_examples_seed)
             self.splits[name] = self._encode(sents)
         return self.splits[name]
 

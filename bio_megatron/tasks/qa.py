@@ -16,6 +16,7 @@ from bio_megatron.models.heads import build_head, spanning_loss
 from bio_megatron.tasks.qa_data import (QAExample, QAFeature, build_features, load_json, postprocess,
                                         read_bioasq_golden, read_squad)
 from bio_megatron.tasks.qa_holdout import golden_from_answers, held_out_ids
+from bio_megatron.tasks.subset import take
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -67,7 +68,8 @@ class QaTask:
     def _split(self, name: str, limit: int | None, training: bool, keep=None) -> QaSplit:
         path = Path(self.d.data_dir) / name
         examples = read_squad(path, self.d.bad_answer_start)
-        examples = [e for e in examples if keep(e.qid)][:limit] if keep is not None else examples[:limit]
+        examples = [e for e in examples if keep(e.qid)] if keep is not None else examples
+        examples = take(examples, limit, self.d.max_examples_seed, lambda e: e.is_impossible)  # answerable or not
         if not self.d.version_2_with_negative:
             # SQuAD v1.1 semantics: every question has an answer (its official scorer cannot score others)
             kept = [e for e in examples if e.answers and not e.is_impossible]

@@ -12,6 +12,7 @@ from torch import nn
 from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores
 from bio_megatron.models.heads import build_head
 from bio_megatron.tasks.re_data import RelationExample, read_relations
+from bio_megatron.tasks.subset import take
 from bio_megatron.utils.errors import DataError
 
 
@@ -38,7 +39,8 @@ class ReTask:
         self.tokenizer = tokenizer
         self.labels = list(labels or CHEMPROT_LABELS)
         self.label_map = {t: i for i, t in enumerate(self.labels)}
-        self.train = self._encode(read_split(self.d, self.d.train_file)[: self.d.max_train_examples], "train")
+        self.train = self._encode(take(read_split(self.d, self.d.train_file), self.d.max_train_examples,
+                                        self.d.max_examples_seed, lambda e: e.label), "train")
         self.weights = None
         if self.d.class_balancing == "weighted_loss":  # NeMo: total / (n_classes * count), 0 for absent classes
             counts = torch.bincount(torch.tensor(self.train.label_ids), minlength=len(self.labels)).float()
@@ -59,7 +61,8 @@ class ReTask:
             file = {"dev": self.d.dev_file, "test": self.d.test_file}[name]
             if not file:
                 return None
-            self.splits[name] = self._encode(read_split(self.d, file)[: self.d.max_eval_examples], name)
+            self.splits[name] = self._encode(take(read_split(self.d, file), self.d.max_eval_examples,
+                                                  self.d.max_examples_seed, lambda e: e.label), name)
         return self.splits[name]
 
     @property
