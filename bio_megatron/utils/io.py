@@ -103,13 +103,16 @@ def check_output_file(target: str | os.PathLike) -> None:
     """Refuse (:class:`OutputError`) a file target that is a folder or whose folder cannot be written;
     cheap enough to call before hours of work."""
     target = Path(target)
-    if target.is_dir():
-        raise OutputError(f"{target}: is a folder; a file path is expected")
-    parent = target.parent
-    while not parent.exists() and parent != parent.parent:  # the nearest existing ancestor gets the folders
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OutputError(f"{target}: {parent} is not a folder")
+    try:
+        if target.is_dir():
+            raise OutputError(f"{target}: is a folder; a file path is expected")
+        parent = target.parent
+        while not parent.exists() and parent != parent.parent:  # the nearest existing ancestor gets the folders
+            parent = parent.parent
+        if not parent.is_dir():
+            raise OutputError(f"{target}: {parent} is not a folder")
+    except PermissionError as exc:  # pathlib ignores ENOENT/ENOTDIR but raises EACCES: a folder on the way is closed
+        raise OutputError(f"{target}: cannot be reached ({exc.strerror}: {exc.filename})") from None
     if not os.access(parent, os.W_OK | os.X_OK):
         raise OutputError(f"{target}: folder {parent} is not writable")
 

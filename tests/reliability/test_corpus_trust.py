@@ -424,3 +424,24 @@ def test_vocab_check_override_and_data_without_record(tmp_path, pubmed_prefix):
     assert any("no record of the vocabulary" in r.getMessage() for r in records)
     with pytest.raises(Exception, match="skip_vocab_check"):
         load_pretrain_config(TINY, overrides(bare, tmp_path, "x", extra=("model.data.skip_vocab_check=maybe",)))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run the command as another user")
+@pytest.mark.parametrize("command", ["vocab-train", "pubmed"])
+def test_output_behind_a_closed_folder_is_one_line(jsonl, command):
+    """An output whose folder on the way cannot be entered: pathlib raised PermissionError (a traceback)."""
+    from harness import run_world
+
+    d = Path(__import__("tempfile").mkdtemp(prefix="bm_closed_"))
+    try:
+        os.chmod(d, 0o755)
+        readable = d / "readable.jsonl"
+        shutil.copyfile({"vocab-train": jsonl, "pubmed": sample_files()["pubmed"][0]}[command], readable)
+        os.chmod(readable, 0o644)
+        closed = d / "closed"
+        closed.mkdir(mode=0o700)
+        ((rc, msg),) = run_world(1, _as_nobody, _argv(command, readable, closed / "sub" / "out.txt", readable))
+        assert rc == 2 and "Permission denied" in msg and str(closed) in msg, msg
+        assert os.listdir(closed) == []
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
