@@ -14,11 +14,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from bio_megatron.utils.errors import BioMegatronError, OutputError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 VOCAB = "bert_base_uncased"
+SPLITS = (950, 50, 0)  # tiny.yaml's model.data.splits_string: the first 95% of the documents train
 
 
 def build_demo_corpus(out: Path) -> Path:
@@ -41,6 +44,25 @@ def build_demo_corpus(out: Path) -> Path:
                                 resolve_vocab(VOCAB), prefix, workers=1)
     log.info("corpus: pubmed %s | pmc %s | tokenized %s", _brief(pubmed_stats), _brief(pmc_stats), _brief(tok_stats))
     return prefix
+
+
+def unigram_entropy(tokens: np.ndarray | list[int]) -> float:
+    """-sum p log p over the token frequencies (nats, like the MLM loss): the loss of a model that predicts every
+    masked token from its frequency alone, knowing nothing of its context."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64).ravel())
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def training_unigram_entropy(prefix: Path, splits: tuple[int, int, int] = SPLITS) -> float:
+    """``unigram_entropy`` of the tokens of the training documents of ``<prefix>.bin`` (the first
+    ``splits[0] / sum(splits)`` of the documents, rounded as megatron-core splits them)."""
+    from bio_megatron.corpus.indexed import read_index
+
+    lengths, docs, dtype = read_index(f"{prefix}.idx")
+    n_train = int(round(len(docs[1:]) * splits[0] / sum(splits)))
+    end = int(lengths[:docs[n_train]].sum())
+    return unigram_entropy(np.fromfile(f"{prefix}.bin", dtype=dtype, count=end))
 
 
 def _brief(stats: dict) -> str:
@@ -78,6 +100,9 @@ def demo(out: Path, steps: int, nproc: int) -> int:
     overrides = [f"model.data.data_prefix=[1.0,{prefix}]", f"exp_manager.exp_dir={out}", "exp_manager.name=tiny_tp2",
                  f"model.tensor_model_parallel_size={nproc}", f"trainer.max_steps={steps}",
                  f"model.tokenizer.vocab_file={VOCAB}"]
+    baseline = training_unigram_entropy(prefix)
+    log.info("unigram baseline: %.3f nats (the entropy of the training tokens' frequencies; a model that learned "
+             "from context ends below it)", baseline)
     run_dir = out / "tiny_tp2"
     if run_dir.exists() or run_dir.is_symlink():  # a demo always trains from scratch (the corpus above is reused)
         _remove_earlier_demo_run(run_dir)
@@ -92,12 +117,17 @@ def demo(out: Path, steps: int, nproc: int) -> int:
     train = [r for r in records if "loss" in r]
     val = [r for r in records if "val_loss" in r]
     first, last = train[0], train[-1]
+    final = val[-1]["val_loss"] if val else last["loss"]
+    below = final < baseline
     lines = [
         "",
         "BioMegatron demo finished in %.0f s" % (time.perf_counter() - t0),
         f"  MLM loss      {first['loss']:.3f} (step {first['step']}) -> {last['loss']:.3f} (step {last['step']})",
         *(f"  val_loss      {v['val_loss']:.3f} at step {v['step']}" for v in val),
         "  loss curve    " + _sparkline([r["loss"] for r in train]),
+        f"  learned       final {'val loss' if val else 'loss'} {final:.3f} {'<' if below else '>='} unigram "
+        f"baseline {baseline:.3f}" + ("" if below else " (not below: at this size the model has learned little "
+                                      "beyond token frequencies; train longer to see it use context)"),
         f"  corpus        {prefix}.bin / .idx (+ JSONL beside it)",
         f"  run           {run_dir}",
         f"  checkpoint    {(run_dir / 'checkpoints' / 'latest').read_text().strip()} -> {run_dir / 'checkpoints'}",
