@@ -144,6 +144,21 @@ def test_hf_pytorch_model_bin_with_a_bomb_record(tmp_path):
     assert not (tmp_path / "out").exists() and tree_digest(hf) == before
 
 
+def test_hf_pytorch_model_bin_within_its_bound_imports(tmp_path):
+    """The control: a real ``pytorch_model.bin`` (torch.save of the folder's weights) is within the bound its
+    config.json gives, and imports and verifies."""
+    import torch
+    from safetensors.torch import load_file
+
+    from reliability.test_outputs import make_hf_folder
+
+    hf = make_hf_folder(tmp_path / "hf")
+    torch.save(load_file(str(hf / "model.safetensors")), hf / "pytorch_model.bin")
+    (hf / "model.safetensors").unlink()
+    res = _cli(tmp_path, "import", "hf", "--model", str(hf), "--out", str(tmp_path / "out"), "--verify")
+    assert res["rc"] == 0 and (tmp_path / "out" / "checksums.json").is_file(), res
+
+
 NEMO_CONFIG = b"hidden_size: 64\nnum_layers: 2\nffn_hidden_size: 256\nnum_attention_heads: 4\n" \
               b"max_position_embeddings: 128\n"
 
