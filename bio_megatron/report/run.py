@@ -77,7 +77,8 @@ def read_run(run_dir: Path) -> RunMetrics:
             hint = f" (a fine-tuning sweep: pass one of its runs, e.g. {run_dir / seeds[0]})" if seeds else ""
             raise DataError(f"no metrics.jsonl, results.json or resume/state.json: not a run folder{hint}",
                             str(run_dir))
-        history = load_json(hist_file).get("history") if isinstance(load_json(hist_file), dict) else None
+        saved = load_json(hist_file)
+        history = saved.get("history") if isinstance(saved, dict) else None
         if not isinstance(history, list):
             raise DataError("no \"history\" list of per-step records", str(hist_file))
         metrics = _split([(0, r) for r in history], hist_file)
