@@ -226,8 +226,9 @@ def test_finetune_from_remote_code_folder_equals_from_its_checkpoint(tmp_path, m
             "model.dataset.test_file=null", f"exp_manager.exp_dir={tmp_path}"]
     run_world(1, finetune_rank, "ner", over + CASES["ner"][2] + ["exp_manager.name=src"])
     run_world(1, _export, str(tmp_path / "src" / "checkpoints"), str(tmp_path / "hf"))
+    # run names other than "hf": a run folder at exp_dir/hf would be the exported folder itself (refused)
     runs = {name: run_world(1, finetune_rank, "ner", over + [f"model.restore_from_path={path}",
-                                                             f"exp_manager.name={name}"])[0]["losses"]
+                                                             f"exp_manager.name=from_{name}"])[0]["losses"]
             for name, path in (("ckpt", tmp_path / "src" / "checkpoints"), ("hf", tmp_path / "hf"))}
     assert max(abs(a - b) for a, b in zip(runs["ckpt"], runs["hf"])) < 1e-6, runs
     # A folder whose stated head does not fit its weights is named, not a raw shape error.
