@@ -33,7 +33,13 @@ _DATA_LOADING = "data-loader tuning; batches here are built in-process from mode
 _CKPT = ("checkpoints here are every exp_manager.checkpoint_callback_params.every_n_train_steps plus the last "
          "(pretraining) and the best by dev (fine-tuning); `bio-megatron export nemo` writes .nemo archives")
 _GEN_QA = "used by NeMo's generative QA models only (S2SQAModel, GPTQAModel); this is BERTQAModel's head"
-_RECOMPUTE = "no activation recomputation here (it saves memory only; results are the same)"
+_PARTIAL_RECOMPUTE = ("NeMo's pipeline-window refinement of block recompute; here model.activations_checkpoint_method "
+                      "block recomputes the same first layers of each stage in every micro-batch")
+# Megatron-LM's names for NeMo's recompute keys (both spellings are read; setting both to different values is an
+# error naming the two).
+RECOMPUTE_ALIASES = {"model.recompute_granularity": "model.activations_checkpoint_granularity",
+                     "model.recompute_method": "model.activations_checkpoint_method",
+                     "model.recompute_num_layers": "model.activations_checkpoint_num_layers"}
 
 # (pattern, tasks or None for all, reason). fnmatch patterns over dotted paths.
 NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
@@ -68,9 +74,7 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("model.gradient_as_bucket_view", None, "gradient bucketing is megatron-core DDP's"),
     ("model.use_cpu_initialization", None, "weights come from the engine's seeded init (the same at every layout)"),
     ("model.onnx_safe", None, "no ONNX export here"),
-    ("model.activations_checkpoint_*", None, _RECOMPUTE),
-    ("model.num_micro_batches_with_partial_activation_checkpoints", None, _RECOMPUTE),
-    ("model.sequence_parallel", None, "sequence parallelism is not enabled here (it saves memory only)"),
+    ("model.num_micro_batches_with_partial_activation_checkpoints", None, _PARTIAL_RECOMPUTE),
     ("model.data.skip_warmup", None, "mmap page warm-up: I/O only"),
     ("model.data.num_workers", None, _DATA_LOADING),
     ("model.data.reset_position_ids", None, "GPT option; NeMo's BERT dataset ignores it too"),
@@ -112,7 +116,8 @@ CHECKED: dict[str, tuple[tuple[Any, ...], str]] = {
     "model.megatron_legacy": ((False,), "the encoder is megatron-core's; import legacy weights with "
                                         "`bio-megatron import megatron-lm|nemo`"),
     "model.virtual_pipeline_model_parallel_size": ((None, 1), "no interleaved pipeline schedule here"),
-    "model.activations_checkpoint_layers_per_pipeline": ((None,), "no activation recomputation here"),
+    "model.activations_checkpoint_layers_per_pipeline": ((None,), "block recompute takes the same "
+                                                          "activations_checkpoint_num_layers on every pipeline stage"),
     "model.fp32_residual_connection": ((False,), "residuals stay in the compute dtype"),
     "model.fp16_lm_cross_entropy": ((False,), "the LM loss is computed in fp32"),
     "model.tokenizer.model": ((None,), "WordPiece vocabularies only (model.tokenizer.vocab_file)"),
@@ -256,7 +261,7 @@ def _is_nemo_key(key: str, task: str) -> bool:
                      "trainer.devices", "trainer.val_check_interval",
                      "trainer.accumulate_grad_batches", "exp_manager.explicit_log_dir", "exp_manager.exp_dir",
                      "restore_from_path")
-    return key.startswith(nemo_prefixes)
+    return key.startswith(nemo_prefixes) or key in RECOMPUTE_ALIASES
 
 
 def _trainer(d: _Doc, task: str) -> None:
@@ -296,6 +301,9 @@ def _exp_manager(d: _Doc) -> None:
 
 
 def _encoder(d: _Doc, task: str) -> None:
+    for alias, ours in RECOMPUTE_ALIASES.items():
+        if alias in d.flat:
+            d.set(ours, d.pop(alias), alias)
     if "model.seed" in d.flat:
         d.set("trainer.seed", d.pop("model.seed"), "model.seed")
     if d.flat.get("restore_from_path") is not None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
+from bio_megatron.config.scale import recompute_problems, sequence_parallel_problems
 from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.io import system_folder
@@ -174,6 +175,21 @@ class ModelConfig:
     """Megatron-LM's key: linears (and on the CPU the word embedding) add their weight gradients straight into
     DDP's gradient buffer. null: on on the CPU, off on a GPU (NeMo's default); true: on (on a GPU it needs apex);
     false: off (a fresh gradient per weight, added in by DDP's hook)."""
+    activations_checkpoint_granularity: Literal["selective", "full"] | None = None
+    """NeMo's key (Megatron-LM's --recompute-granularity): recompute activations in the backward pass instead of
+    keeping them, with megatron-core's recompute (same gradients, less memory, more compute). selective: every
+    layer's core attention (scores, softmax, attention dropout, context: the [b, heads, s, s] tensors); full:
+    whole layers, chosen by ``activations_checkpoint_method``; null: keep every activation."""
+    activations_checkpoint_method: Literal["uniform", "block"] | None = None
+    """granularity full (Megatron-LM's --recompute-method): uniform: each pipeline stage's layers in groups of
+    ``activations_checkpoint_num_layers``, only each group's input kept; block: the first
+    ``activations_checkpoint_num_layers`` layers of each stage recomputed, the rest kept."""
+    activations_checkpoint_num_layers: int | None = None
+    """granularity full (Megatron-LM's --recompute-num-layers): 1 to the layers per pipeline stage."""
+    sequence_parallel: bool = False
+    """NeMo's / Megatron-LM's key, pretraining with tensor_model_parallel_size >= 2: megatron-core's sequence
+    parallelism; LayerNorms, dropout and residuals run on seq/TP positions per rank (activation memory / TP there),
+    the tensor-parallel all-reduces become reduce-scatters and all-gathers. Same results."""
     native_amp_init_scale: float = 2.0**32
     """fp16 only (NeMo's key): the dynamic loss scaler's initial scale."""
     native_amp_growth_interval: int = 1000
@@ -247,7 +263,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
     problems = [f"{k} ({v}) must be >= {lo}" for k, v, lo in (
         ("trainer.max_steps", t.max_steps, 1), ("trainer.val_check_interval", t.val_check_interval, 1),
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
-    problems += encoder_problems(cfg.model, cfg.trainer, world_size)
+    problems += encoder_problems(cfg.model, cfg.trainer, world_size, pretraining=True)
     problems += objective_problems(cfg.model)
     problems += run_dir_problems(cfg.exp_manager)
     if cfg.model.require_restore_from_path and not cfg.model.restore_from_path:
@@ -331,7 +347,8 @@ def electra_problems(m: ModelConfig) -> list[str]:
     return problems
 
 
-def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None) -> list[str]:
+def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None,
+                     pretraining: bool = False) -> list[str]:
     """Problems with the encoder, batch and parallel layout (shared by pretraining and fine-tuning)."""
     if m.size not in SIZES:
         return [f"model.size ({m.size!r}) must be one of {', '.join(SIZES)}"]
@@ -358,6 +375,9 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if m.encoder_seq_length > m.max_position_embeddings:
         problems.append(f"model.encoder_seq_length ({m.encoder_seq_length}) exceeds max_position_embeddings "
                         f"({m.max_position_embeddings})")
+    if not s.num_layers % pp:  # recompute's layer counts are per pipeline stage
+        problems += recompute_problems(m)
+    problems += sequence_parallel_problems(m, pretraining)
     if m.global_batch_size % m.micro_batch_size:
         problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
                         f"({m.micro_batch_size})")

@@ -9,6 +9,7 @@ local spec into the original BERT layer order (:mod:`bio_megatron.models.post_ln
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.attention import SDPACoreAttention
 from bio_megatron.models.post_ln import (add_embedding_layernorm, drop_final_layernorm, is_post_ln,
                                          post_ln_layer_spec)
+from bio_megatron.models.sequence_parallel import fallback_norms, sequence_parallel_spec
 from bio_megatron.utils.errors import ConfigError
 
 
@@ -59,9 +61,32 @@ def describe_precision(dtype: torch.dtype) -> str:
     return f"{dtype_name(dtype)} (fp32 main parameters and gradient reduction{scaling})"
 
 
+def recompute_settings(m: ModelConfig) -> dict:
+    """NeMo's ``activations_checkpoint_*`` keys as megatron-core's ``recompute_*`` fields (checked beforehand by
+    ``bio_megatron.config.scale.recompute_problems``)."""
+    g = m.activations_checkpoint_granularity
+    if g is None:
+        return {}
+    if g == "full":
+        return dict(recompute_granularity="full", recompute_method=m.activations_checkpoint_method,
+                    recompute_num_layers=m.activations_checkpoint_num_layers)
+    # Selective: megatron-core's core_attn only. In 0.19.2 its other dense-layer options fail here: "mlp" hands the
+    # fc2 bias Parameter out of its CheckpointFunction (BERT's linears have biases), which then recurses in the
+    # backward; "layernorm" needs Transformer Engine (CheckpointWithoutOutput reads its FP8 state).
+    return dict(recompute_granularity="selective", recompute_modules=["core_attn"])
+
+
 def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:
     s = m.shape()
     on_gpu = torch.cuda.is_available()
+    with warnings.catch_warnings():
+        # Selective recompute warns that Transformer Engine's fused attention needs no core_attn recompute; the
+        # local spec's attention is unfused (or SDPA), where it is what saves the [b, n, s, s] activations.
+        warnings.filterwarnings("ignore", message="If you are using transformer_engine")
+        return _transformer_config(m, s, on_gpu, dtype)
+
+
+def _transformer_config(m: ModelConfig, s, on_gpu: bool, dtype: torch.dtype) -> TransformerConfig:
     return TransformerConfig(
         num_layers=s.num_layers, hidden_size=s.hidden_size, ffn_hidden_size=s.ffn_hidden_size,
         num_attention_heads=s.num_attention_heads,
@@ -75,6 +100,10 @@ def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> Tr
         perform_initialization=False, use_cpu_initialization=not on_gpu,
         bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, gradient_accumulation_fusion=False,
         apply_query_key_layer_scaling=False, attention_softmax_in_fp32=True,
+        # TP1 has no sequence to split: a checkpoint's sequence_parallel is dropped where it is built at TP1
+        # (exports, verification); pretraining refuses sequence_parallel with TP1 in its config check.
+        sequence_parallel=m.sequence_parallel and m.tensor_model_parallel_size > 1,
+        **recompute_settings(m),
     )
 
 
@@ -86,14 +115,20 @@ def layer_spec(m: ModelConfig) -> ModuleSpec:
         raise ConfigError("model.transformer_block_type=post_ln needs model.transformer_impl local or auto: "
                           "Transformer Engine's BERT spec fuses each LayerNorm into the next linear (pre-LN only)")
     if post_ln:
-        return post_ln_layer_spec(_local_spec(m, on_gpu))
+        return _with_sequence_parallel(m, post_ln_layer_spec(_local_spec(m, on_gpu)))
     if impl == "transformer_engine" or (impl == "auto" and on_gpu and have_transformer_engine()):
         if not have_transformer_engine():
             raise ConfigError("model.transformer_impl=transformer_engine but Transformer Engine is not importable")
         from megatron.core.models.bert.bert_layer_specs import get_bert_layer_with_transformer_engine_spec
 
         return get_bert_layer_with_transformer_engine_spec()
-    return _local_spec(m, on_gpu)
+    return _with_sequence_parallel(m, _local_spec(m, on_gpu))
+
+
+def _with_sequence_parallel(m: ModelConfig, spec: ModuleSpec) -> ModuleSpec:
+    """The local spec's PyTorch LayerNorms refuse sequence parallelism; give them megatron's SP tags instead."""
+    sp = m.sequence_parallel and m.tensor_model_parallel_size > 1
+    return sequence_parallel_spec(spec) if sp else spec
 
 
 def _local_spec(m: ModelConfig, on_gpu: bool) -> ModuleSpec:
@@ -150,7 +185,8 @@ class BioBertModel(BertModel):
     """
 
     def __init__(self, *args, true_vocab_size: int | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
+        with fallback_norms(kwargs["config"]):  # the final and MLM-head LayerNorms, with sequence parallelism
+            super().__init__(*args, **kwargs)
         if is_post_ln(self.transformer_layer_spec):
             drop_final_layernorm(self.encoder)
             if self.pre_process:

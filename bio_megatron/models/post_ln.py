@@ -27,6 +27,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from bio_megatron.models.sequence_parallel import norm_class
+
 BLOCK_TYPES = ("pre_ln", "post_ln")
 
 
@@ -43,7 +45,10 @@ class PostLNTransformerLayer(TransformerLayer):
 
     megatron-core's ``_forward_attention`` / ``_forward_mlp`` compute ``x + dropout(f(norm(x)))``; with their
     input norms set to identity in the spec they compute ``x + dropout(f(x))``, and this layer normalises each
-    sum. Recompute, CUDA graphs and fused inference kernels of the parent are not used by this project.
+    sum. megatron-core's recompute works unchanged: full recompute calls this ``forward``, and selective
+    recompute lives in the parent's attention (core_attn) and ``_forward_mlp`` (mlp); the post-add LayerNorms are
+    not recomputed (megatron's layernorm option covers the input / pre-MLP norms, identities here). CUDA graphs
+    and fused inference kernels of the parent are not used by this project.
     """
 
     def __init__(self, config, submodules: PostLNLayerSubmodules, *args, **kwargs):
@@ -106,9 +111,10 @@ class _NormThenDropout(torch.nn.Module):
 def add_embedding_layernorm(embedding: LanguageModelEmbedding) -> None:
     """Give a built megatron-core embedding BERT's embedding LayerNorm (before its dropout)."""
     c = embedding.config
-    if c.sequence_parallel:  # LN then dropout inside the RNG fork would still be right; untested here
-        raise ValueError("post-LN embedding LayerNorm is not supported with sequence parallelism")
-    embedding.layernorm = LNImpl(config=c, hidden_size=c.hidden_size, eps=c.layernorm_epsilon)
+    # With sequence parallelism megatron's embedding calls its dropout on this rank's share of the positions,
+    # inside the model-parallel RNG fork: the LayerNorm is per position, so normalising there is still BERT's
+    # order; its weights then carry megatron's sequence_parallel tag (their gradients are summed over TP).
+    embedding.layernorm = norm_class(c, LNImpl)(config=c, hidden_size=c.hidden_size, eps=c.layernorm_epsilon)
     embedding.embedding_dropout = _NormThenDropout(embedding.layernorm, embedding.embedding_dropout)
 
 
