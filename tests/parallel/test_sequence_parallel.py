@@ -68,12 +68,28 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("sequence_parallel")
 
 
+def _pretrain_counting_sequence_scatters(over: list[str]) -> int:
+    """``pretrain_rank``, returning how often megatron reduce-scattered along the sequence (0 without SP)."""
+    from megatron.core.tensor_parallel import mappings
+
+    calls, inner = [0], mappings._reduce_scatter_along_first_dim
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    mappings._reduce_scatter_along_first_dim = counted
+    pretrain_rank(over)
+    return calls[0]
+
+
 @pytest.mark.parametrize("block_type", ["pre_ln", "post_ln"])
 def test_tp2_sequence_parallel_matches_tp1(block_type, runs, pubmed_prefix):
     extra = (f"model.transformer_block_type={block_type}",)
     run_world(1, pretrain_rank, overrides(pubmed_prefix, runs, f"tp1_{block_type}", steps=5, extra=extra))
-    run_world(2, pretrain_rank, overrides(pubmed_prefix, runs, f"sp_{block_type}", tp=2, steps=5,
-                                          extra=(*extra, "model.sequence_parallel=true")))
+    scatters = run_world(2, _pretrain_counting_sequence_scatters, overrides(
+        pubmed_prefix, runs, f"sp_{block_type}", tp=2, steps=5, extra=(*extra, "model.sequence_parallel=true")))
+    assert min(scatters) > 0, scatters  # sequence parallelism really ran
     ref, got = losses(runs / f"tp1_{block_type}"), losses(runs / f"sp_{block_type}")
     assert sorted(ref) == sorted(got) == [1, 2, 3, 4, 5]
     for step in ref:
