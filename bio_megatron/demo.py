@@ -73,8 +73,9 @@ def _brief(stats: dict) -> str:
 
 # What a pretraining run writes at the top of its folder: an earlier demo run holding anything else has had files
 # added by the user, which replacing the run would delete.
+# (`report` is what `bio-megatron report RUN_DIR` writes there by default.)
 _RUN_ENTRIES = frozenset({"checkpoints", "index_cache", "metrics.jsonl", "status.json", "tensorboard", "run.lock",
-                          ".bio_megatron_output.json"})
+                          "report", ".bio_megatron_output.json"})
 
 
 def _remove_earlier_demo_run(run_dir: Path) -> None:
