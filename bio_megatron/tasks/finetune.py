@@ -35,7 +35,7 @@ from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run
 from bio_megatron.training.metrics import TensorBoardLog
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.pretrain import wrap_for_training
-from bio_megatron.training.signals import StopRequest
+from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -324,6 +324,9 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
               "checkpoint": str(best["path"]), "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
     if status == "interrupted":
         ckpt.shutdown_writer()
+        if stop.keyboard:  # 130, as pretraining: a `finetune ... && predict ...` script must not go on
+            raise Interrupted(f"fine-tuning interrupted by Ctrl-C at step {state.step} after saving "
+                              f"{resume_root}; run the same command to resume")
         log.info("interrupted at step %d; rerun with the same exp_manager.name to resume", state.step)
         return result
     if best["path"] is None:

@@ -129,3 +129,38 @@ def test_ctrl_c_under_torchrun_saves_on_every_rank(pubmed_prefix, tmp_path):
     assert not [line for line in out.splitlines() if 'File "' in line and "/bio_megatron/" in line], out[-3000:]
     ckpt = tmp_path / "run" / "checkpoints" / f"iter_{status['step']:07d}"
     assert (ckpt / "checksums.json").is_file()
+
+
+def _finetune_ctrl_c_at(argv: list[str], at_step: int, log_dir: str) -> int:
+    """The real fine-tuning CLI in a forked rank; a real SIGINT reaches the process during step ``at_step``."""
+    import bio_megatron.tasks.finetune as ft
+    from bio_megatron.cli import main
+
+    class CtrlCAt(ft.StopRequest):
+        calls = 0
+
+        def agreed(self) -> bool:
+            CtrlCAt.calls += 1
+            if CtrlCAt.calls == at_step:
+                os.kill(os.getpid(), signal.SIGINT)
+            return super().agreed()
+
+    ft.StopRequest = CtrlCAt
+    _log_to(str(Path(log_dir) / "rank0.log"))
+    return main(argv)
+
+
+def test_ctrl_c_during_finetuning_saves_and_exits_130(tmp_path):
+    """Fine-tuning saves its resume state on Ctrl-C as on SIGTERM, and exits 130 like pretraining (it exited 0,
+    so `finetune ... && predict ...` carried on with a model its user had interrupted)."""
+    from finetune.ft_runs import RECIPES
+    from harness import run_world
+
+    argv = ["finetune", "ner", "--config", str(RECIPES["ner"]), "trainer.max_steps=20", "trainer.val_check_interval=10",
+            "model.dataset.max_eval_examples=8", "model.dataset.test_file=null", f"exp_manager.exp_dir={tmp_path}",
+            "exp_manager.name=cut"]
+    (rc,) = run_world(1, _finetune_ctrl_c_at, argv, 2, str(tmp_path))
+    log = (tmp_path / "rank0.log").read_text()
+    assert rc == 130, log[-2000:]
+    assert "interrupted by Ctrl-C at step 2" in log and "Traceback" not in log
+    assert (tmp_path / "cut" / "seed42" / "resume" / "latest").is_file()  # the CLI runs a one-seed sweep
