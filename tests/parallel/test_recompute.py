@@ -147,6 +147,15 @@ def test_recompute_gradients_equal_with_dropout_at_tp2(block_type):
     _check(run_world(2, _grads, 2, block_type, "bert", settings, {"control": 5}), settings)
 
 
+def test_recompute_gradients_equal_with_sequence_parallelism():
+    """With sequence parallelism the whole block runs inside the model-parallel RNG fork: the replay must restore
+    the tracker's state there too."""
+    sp = {"sequence_parallel": True}
+    settings = {n: SETTINGS[n] | sp for n in ("none", "selective", "full_uniform_1", "full_block_1")}
+    settings["control"] = sp
+    _check(run_world(2, _grads, 2, "post_ln", "bert", settings, {"control": 5}), settings)
+
+
 def test_recompute_gradients_equal_for_electra_at_tp2():
     """ELECTRA's generator and discriminator both take the setting (the discriminator's layers are counted)."""
     settings = {n: SETTINGS[n] for n in ("none", "selective", "full_uniform_1", "full_block_1")} | {"control": {}}
