@@ -56,7 +56,7 @@ def recompute_problems(m: Any) -> list[str]:
 
 def sequence_parallel_problems(m: Any, pretraining: bool) -> list[str]:
     """``model.sequence_parallel``: TP >= 2, a sequence length TP divides, a model that gathers the sequence
-    back where a head reads it (pretraining's BERT; not ELECTRA's heads or the fine-tuning heads)."""
+    back where a head reads it (pretraining's BERT and ELECTRA; not the fine-tuning heads)."""
     if not m.sequence_parallel:
         return []
     tp, seq = m.tensor_model_parallel_size, m.encoder_seq_length
@@ -70,7 +70,4 @@ def sequence_parallel_problems(m: Any, pretraining: bool) -> list[str]:
     if not pretraining:
         problems.append("model.sequence_parallel (true) is for pretraining: the fine-tuning heads read every "
                         "position of the encoder's output; fine-tune with model.sequence_parallel=false")
-    elif m.objective == "electra":
-        problems.append("model.sequence_parallel (true) is not supported with model.objective electra: its "
-                        "generator and discriminator heads read every position of the encoder's output")
     return problems

@@ -51,6 +51,15 @@ __all__ = ["ElectraModel", "build_electra_model", "electra_shapes", "electra_par
 _EPS = 1e-9
 
 
+def _whole_sequence(hidden: torch.Tensor, config: TransformerConfig) -> torch.Tensor:
+    """The encoder's output at every position: with sequence parallelism each TP rank holds its share, and the
+    heads (replicated, as BERT's pooler) read all of them. The backward keeps each rank's share of the gradient
+    (every rank computes the same heads and loss), as megatron's pooler gathers."""
+    if not config.sequence_parallel:
+        return hidden
+    return tensor_parallel.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+
+
 class ElectraDiscriminatorHead(nn.Module):
     """HF ``ElectraDiscriminatorPredictions``: dense (h -> h), GELU, dense_prediction (h -> 1) per token."""
 
@@ -84,12 +93,22 @@ class ElectraGenerator(MegatronModule):
         g, e = config.hidden_size, embedding_config.hidden_size
         # HF builds the projection only when the widths differ; so do we (the key is then absent).
         self.embeddings_project = nn.Linear(e, g) if g != e else None
+        if self.embeddings_project is not None:
+            # With sequence parallelism it sees this rank's share of the positions: megatron's finalize_model_grads
+            # sums the gradients of parameters with this tag over TP (as for the LayerNorms).
+            for p in self.embeddings_project.parameters():
+                p.sequence_parallel = config.sequence_parallel
         self.encoder = TransformerBlock(config=config, spec=spec, pre_process=True, post_process=True,
                                         post_layer_norm=False)
         self.lm_head = ElectraGeneratorHead(g, e, config.layernorm_epsilon)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             e, padded_vocab, config=embedding_config, init_method=embedding_config.init_method, bias=True,
             skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
+        if embedding_config.sequence_parallel:
+            # Its input (the masked positions' hidden states) is whole on every rank already: no sequence gather,
+            # and the input gradient is all-reduced over TP as without sequence parallelism.
+            self.output_layer.sequence_parallel = False
+            self.output_layer.allreduce_dgrad = True
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
         sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
@@ -103,7 +122,7 @@ class ElectraGenerator(MegatronModule):
         """``embedded`` [s, b, E] -> this rank's vocabulary slice of the logits at the masked positions
         [n, 1, V/TP], rows in ``masked``'s row-major order (the LM head runs on masked tokens only, as ELECTRA)."""
         hidden = self.embeddings_project(embedded) if self.embeddings_project is not None else embedded
-        hidden = self.encoder(hidden_states=hidden, attention_mask=attention_mask)
+        hidden = _whole_sequence(self.encoder(hidden_states=hidden, attention_mask=attention_mask), self.config)
         hidden = self.lm_head(hidden.transpose(0, 1)[masked]).unsqueeze(1)
         logits, _ = self.output_layer(hidden, weight=word_embeddings)
         return logits
@@ -157,7 +176,7 @@ class ElectraModel(MegatronModule):
         """The discriminator alone (what fine-tuning keeps): one replaced-token logit per token [b, s]."""
         hidden = self.encoder(hidden_states=self._embed(input_ids, tokentype_ids),
                               attention_mask=self._attention_mask(padding_mask))
-        return self.discriminator_head(hidden.transpose(0, 1))
+        return self.discriminator_head(_whole_sequence(hidden, self.config).transpose(0, 1))
 
     def generator_logits(self, input_ids: torch.Tensor, padding_mask: torch.Tensor,
                          tokentype_ids: torch.Tensor | None, masked: torch.Tensor) -> torch.Tensor:
