@@ -260,3 +260,20 @@ def test_recompute_lowers_the_peak_memory_of_a_step():
     assert mib["none"] > 200, mib  # activations dominate at this shape
     assert mib["selective"] < 0.8 * mib["none"], mib
     assert mib["full_uniform_1"] < 0.5 * mib["none"], mib
+
+
+def test_finetuning_takes_recompute_with_the_same_losses(tmp_path):
+    """Fine-tuning builds its encoder from the same config: full and selective recompute give the losses of a run
+    without it (NER, 3 steps, encoder dropout on)."""
+    from finetune.ft_runs import finetune_rank
+
+    quick = ["trainer.max_steps=3", "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
+             "model.dataset.max_eval_examples=8", "model.dataset.test_file=null", "trainer.val_check_interval=3",
+             "model.micro_batch_size=4", f"exp_manager.exp_dir={tmp_path}"]
+    runs = {name: run_world(1, finetune_rank, "ner", [*quick, f"exp_manager.name={name}", *keys])[0]["losses"]
+            for name, keys in (("none", []), ("full", ["model.activations_checkpoint_granularity=full",
+                                                       "model.activations_checkpoint_method=uniform",
+                                                       "model.activations_checkpoint_num_layers=1"]),
+                               ("selective", ["model.activations_checkpoint_granularity=selective"]))}
+    assert len(runs["none"]) == 3
+    assert runs["full"] == runs["none"] and runs["selective"] == runs["none"], runs
