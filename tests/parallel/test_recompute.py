@@ -262,18 +262,34 @@ def test_recompute_lowers_the_peak_memory_of_a_step():
     assert mib["full_uniform_1"] < 0.5 * mib["none"], mib
 
 
-def test_finetuning_takes_recompute_with_the_same_losses(tmp_path):
-    """Fine-tuning builds its encoder from the same config: full and selective recompute give the losses of a run
-    without it (NER, 3 steps, encoder dropout on)."""
+def _finetune_counting_checkpoints(task: str, over: list[str]) -> tuple[list[float], int]:
+    """A fine-tuning run's losses and how many times megatron's recompute checkpoint was entered."""
+    from megatron.core import tensor_parallel
+
     from finetune.ft_runs import finetune_rank
 
+    calls, inner = [0], tensor_parallel.checkpoint
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return inner(*args, **kwargs)
+
+    tensor_parallel.checkpoint = counted
+    return finetune_rank(task, over)["losses"], calls[0]
+
+
+def test_finetuning_takes_recompute_with_the_same_losses(tmp_path):
+    """Fine-tuning builds its encoder from the same config: full and selective recompute (they do run: megatron's
+    checkpoint is entered) give the losses of a run without it (NER, 3 steps, encoder dropout on)."""
     quick = ["trainer.max_steps=3", "model.hidden_dropout=0.1", "model.attention_dropout=0.1",
              "model.dataset.max_eval_examples=8", "model.dataset.test_file=null", "trainer.val_check_interval=3",
              "model.micro_batch_size=4", f"exp_manager.exp_dir={tmp_path}"]
-    runs = {name: run_world(1, finetune_rank, "ner", [*quick, f"exp_manager.name={name}", *keys])[0]["losses"]
+    runs = {name: run_world(1, _finetune_counting_checkpoints, "ner", [*quick, f"exp_manager.name={name}", *keys])[0]
             for name, keys in (("none", []), ("full", ["model.activations_checkpoint_granularity=full",
                                                        "model.activations_checkpoint_method=uniform",
                                                        "model.activations_checkpoint_num_layers=1"]),
                                ("selective", ["model.activations_checkpoint_granularity=selective"]))}
-    assert len(runs["none"]) == 3
-    assert runs["full"] == runs["none"] and runs["selective"] == runs["none"], runs
+    (ref, none_calls), (full, full_calls), (selective, selective_calls) = runs["none"], runs["full"], runs["selective"]
+    assert len(ref) == 3 and none_calls == 0
+    assert full_calls > 0 and selective_calls > 0, runs
+    assert full == ref and selective == ref, runs
