@@ -32,6 +32,13 @@ Call ``install()`` in every process BEFORE building models / optimizers / schedu
    pure-Python multi_tensor_scale/l2norm fallbacks (:mod:`bio_megatron.parallel.multi_tensor`).
 On a machine with a GPU only (5) applies. Set MCORE_SHIM_LOG=/path/prefix to log every call site the shim
 rewrote (``tests/parallel/test_cpu_shim.py`` checks the sites of a TP2xPP2 step that way).
+
+Not replaced: the collectives of megatron's sequence parallelism. torch 2.15's gloo implements
+``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (fp32, bf16, fp16), which megatron's
+``tensor_parallel.mappings`` and linears call; ``tests/parallel/test_sequence_parallel.py`` checks them against
+their definitions in a 2-rank gloo world. Activation recompute needs nothing beyond (3): megatron's
+``CheckpointFunction`` saves and restores the CPU RNG, the "CUDA" RNG (the CPU one here) and the tracker's states
+(``tests/parallel/test_recompute.py``).
 """
 import contextlib
 

@@ -86,6 +86,8 @@ def _pretrain_counting_sequence_scatters(over: list[str]) -> int:
 ELECTRA = ("model.objective=electra", "model.transformer_block_type=post_ln", "model.generator_hidden_fraction=0.5",
            "model.bert_binary_head=false", "model.data.masking=token")
 VARIANTS = {"pre_ln": ("model.transformer_block_type=pre_ln",), "post_ln": ("model.transformer_block_type=post_ln",),
+            # BERT's next-sentence head: megatron's pooler gathers the sequence before pooling
+            "pre_ln_nsp": ("model.transformer_block_type=pre_ln", "model.bert_binary_head=true"),
             "electra": ELECTRA}
 
 
