@@ -147,3 +147,16 @@ def test_sequence_parallel_is_refused_where_a_head_reads_every_position(capsys):
         rc, out, records = _run([*argv, "model.sequence_parallel=true"], capsys)
         errors = " | ".join(r.getMessage() for r in records if r.levelno >= logging.ERROR)
         assert rc == 2 and out is None and expected in errors, (argv, errors)
+
+
+def test_tp2_pp2_sequence_parallel_matches_tp1(runs, pubmed_prefix):
+    """With pipeline parallelism the stages send each other [seq / TP, micro-batch, hidden] (megatron's schedules
+    size the messages by config.sequence_parallel)."""
+    run_world(1, pretrain_rank, overrides(pubmed_prefix, runs, "tp1_for_pp", steps=3))
+    scatters = run_world(4, _pretrain_counting_sequence_scatters, overrides(
+        pubmed_prefix, runs, "sp_pp2", tp=2, pp=2, steps=3, extra=("model.sequence_parallel=true",)))
+    assert min(scatters) > 0, scatters
+    ref, got = losses(runs / "tp1_for_pp"), losses(runs / "sp_pp2")
+    assert sorted(ref) == sorted(got) == [1, 2, 3]
+    for step in ref:
+        assert got[step] == pytest.approx(ref[step], abs=1e-5), (step, got, ref)
