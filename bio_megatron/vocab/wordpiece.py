@@ -67,9 +67,12 @@ class RustBackedTokenizer:
     # vocabulary that does not fit the text: another one than the model's, or the casing). data tokenize
     # turns this off in its workers: it stops on its own --max-unk-rate instead.
     warn_unknown_rate: float | None = 0.05
+    # Above this share (most of the text) nothing a model learns or predicts from it means anything: stop.
+    stop_unknown_rate: float = 0.5
 
     def _check_unknown(self, id_lists: list, what: str) -> None:
-        """Warn (once per call, when at least 1,000 tokens were encoded) about a high unknown-token rate."""
+        """Warn about a high unknown-token rate, or stop (:class:`DataError`) when most tokens are unknown; judged
+        once per call, when at least 1,000 tokens were encoded."""
         if self.warn_unknown_rate is None:
             return
         total = sum(len(ids) for ids in id_lists)
@@ -77,6 +80,10 @@ class RustBackedTokenizer:
             return
         unk = self.unk
         unknown = sum(ids.count(unk) for ids in id_lists)
+        if unknown > self.stop_unknown_rate * total:
+            raise DataError(f"{100 * unknown / total:.1f}% of the {total} tokens of the {what} are the unknown token "
+                            f"(lower_case={getattr(self, 'lowercase', '?')}): this vocabulary does not fit the text "
+                            "(another model's vocabulary, or the wrong casing)", str(getattr(self, "vocab_file", "?")))
         if unknown > self.warn_unknown_rate * total:
             log.warning("%.1f%% of the %d tokens of the %s are the unknown token (vocabulary %s, lower_case=%s): "
                         "does this vocabulary belong to the model and the text?", 100 * unknown / total, total, what,

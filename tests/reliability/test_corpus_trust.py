@@ -152,22 +152,31 @@ def test_all_unk_vocabulary_stops_with_the_rate(tmp_path, jsonl):
     assert json.loads(Path(f"{prefix}.bio_megatron.json").read_text())["unknown_rate"] > 0.5
 
 
-def test_fine_tuning_text_with_mostly_unknown_tokens_warns(tmp_path, jsonl):
+def test_fine_tuning_text_with_unknown_tokens_warns_or_stops(tmp_path, jsonl):
+    """Above 5% unknown tokens the encoding warns; when most of the text is unknown it stops with the rate."""
+    from bio_megatron.utils.errors import DataError
     from bio_megatron.vocab.bpe import load_tokenizer
     from reliability.cli_log import project_records
 
     sentences = [s for line in jsonl.read_text().splitlines() for s in json.loads(line)["sentences"]][:200]
+    # ~20% of the words are a character no BERT vocabulary has: enough to warn, not to stop
+    partly = [s + " " + " ".join(["\U0001F9EC"] * max(1, len(s.split()) // 4)) for s in sentences]
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "of", "."]) + "\n")
-    for path, warned in ((vocab, True), (resolve_vocab(VOCAB), False)):
+    for path, texts, outcome in ((vocab, sentences, "stop"), (resolve_vocab(VOCAB), partly, "warn"),
+                                 (resolve_vocab(VOCAB), sentences, "quiet")):
         tok = load_tokenizer(path)
-        for encode, arg in ((tok.encode_words, [s.split() for s in sentences]), (tok.encode_texts, sentences),
-                            (tok.tokenize_batch, sentences)):
+        for encode, arg in ((tok.encode_words, [s.split() for s in texts]), (tok.encode_texts, texts),
+                            (tok.tokenize_batch, texts)):
+            if outcome == "stop":
+                with pytest.raises(DataError, match=r"% of the \d+ tokens .* are the unknown token") as err:
+                    encode(arg)
+                assert str(vocab) in str(err.value)
+                continue
             with project_records(logging.WARNING) as records:
                 encode(arg)
             hits = [r.getMessage() for r in records if "are the unknown token" in r.getMessage()]
-            assert bool(hits) is warned, (path, encode.__name__, hits)
-            assert not warned or str(vocab) in hits[0]
+            assert bool(hits) is (outcome == "warn"), (path, encode.__name__, hits)
 
 
 # --- 3. one line and exit 2 ------------------------------------------------------------------------------------
