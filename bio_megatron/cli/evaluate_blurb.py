@@ -1,5 +1,7 @@
 """``bio-megatron evaluate {pubmedqa,bioasq_yesno,ddi,gad,biosses,hoc,ebm_pico,jnlpba} --gold G --pred P``.
 
+``evaluate hoc --metric blue`` scores HoC with BLUE's abstract-level F instead (evaluation/hoc_blue.py).
+
 Each command reads the gold file with its BLURB reader, the predictions checked against it, and prints
 one JSON object: ``task``, ``metric``, ``score`` (BLURB's headline, 0-1 scale) and the details
 (``--json OUT`` also writes it). Definitions: docs/EVALUATION.md.
@@ -8,6 +10,7 @@ one JSON object: ``task``, ``metric``, ``score`` (BLURB's headline, 0-1 scale) a
 from __future__ import annotations
 
 import argparse
+from typing import Mapping
 
 from bio_megatron.tasks.blurb_scoring import EVALUATORS
 
@@ -23,6 +26,11 @@ def register(ev: argparse._SubParsersAction) -> None:
             p.add_argument("--label-map", metavar="FILE",
                            help="the model's label_ids.csv (one label per line, id = line number from 0): integer "
                                 "label ids in --pred are read through it; without it only label names are accepted")
+        if name == "hoc":
+            p.add_argument("--metric", choices=("blurb", "blue"), default="blurb",
+                           help="blurb: BLURB's micro F1 over abstract x hallmark cells (default); blue: BLUE's "
+                                "abstract-level F (harmonic mean of the mean per-abstract precision and recall), "
+                                "the HoC score bio-lm reports")
         p.set_defaults(func=run, blurb_task=name)
 
 
@@ -36,10 +44,13 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.json_out)  # before reading: a bad --json path should not cost the scoring
     task = EVALUATORS[args.blurb_task]
     label_map = getattr(args, "label_map", None)
+    score = task.score
+    if getattr(args, "metric", "blurb") == "blue":
+        score = _hoc_blue
     if label_map:
-        result = task.score(args.gold, args.pred, _label_map(label_map, args.blurb_task))
+        result = score(args.gold, args.pred, _label_map(label_map, args.blurb_task))
     else:
-        result = task.score(args.gold, args.pred)
+        result = score(args.gold, args.pred)
     get_logger("cli").info("%s", report_text(result, args.blurb_task))
     obj = as_dict(result, args.blurb_task)
     if args.json_out:
@@ -56,3 +67,18 @@ def _label_map(path: str, task_name: str) -> dict[int, str]:
     id_to_label = {i: name for name, i in read_label_ids(path).items()}
     check_label_map(id_to_label, dataset(task_name).labels, path)
     return id_to_label
+
+
+def _hoc_blue(gold: str, pred: str, label_map: Mapping[int, str] | None = None) -> object:
+    """``evaluate hoc --metric blue``: gold and predictions read and checked exactly as for BLURB's metric, scored
+    with BLUE's abstract-level formula."""
+    from bio_megatron.evaluation.blurb import HOC_LABELS
+    from bio_megatron.evaluation.blurb_predictions import label_set_parser, read_json_predictions
+    from bio_megatron.evaluation.hoc_blue import hoc_blue_scores
+    from bio_megatron.tasks.blurb_data import read_hoc
+
+    examples = read_hoc(gold)
+    preds = read_json_predictions(pred, "labels", [e.id for e in examples], label_set_parser(HOC_LABELS, label_map),
+                                  gold)
+    return hoc_blue_scores([e.doc_id for e in examples], [e.labels for e in examples],
+                           [preds[e.id] for e in examples])
