@@ -140,8 +140,9 @@ class QaDatasetConfig:
 class ClassifyDatasetConfig:
     """A BLURB classification dataset in its own format (:mod:`bio_megatron.tasks.classify_data`)."""
 
-    task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc"] = "gad"
-    """Which BLURB reader, label set, head mode (single / regression / multi-label) and metric."""
+    task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc", "mednli", "clinicalsts"] = "gad"
+    """Which BLURB (or clinical: ``mednli``, ``clinicalsts``) reader, label set, head mode (single / regression /
+    multi-label) and metric."""
     data_dir: str = "../shared/data/blurb/GAD"
     train_file: str = "train.tsv"
     dev_file: str = "dev.tsv"
@@ -290,9 +291,9 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
             problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
                             f"max_seq_length ({d.max_seq_length})")
     if cfg.task == "classify":
-        if d.class_balancing and d.task_name == "biosses":
+        if d.class_balancing and d.task_name in ("biosses", "clinicalsts"):
             problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights classes or labels; "
-                            f"biosses is regression: null")
+                            f"{d.task_name} is regression: null")
         if d.pubmedqa_long_answer and d.task_name != "pubmedqa":
             problems.append(f"model.dataset.pubmedqa_long_answer (true) is PubMedQA's reasoning-free input; "
                             f"task_name is {d.task_name}: false")
@@ -307,8 +308,8 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     """Recipe + ``key=value`` overrides -> validated task config (every problem reported at once)."""
     if task not in CONFIG_CLASSES:
         raise ConfigError(f"unknown task {task!r}; expected one of {', '.join(TASKS)}")
-    # classify reads NeMo's text_classification keys, as RE does
-    raw = load_document(path, list(overrides), "re" if task == "classify" else task, world_size)
+    # classify reads NeMo's text_classification keys as RE does, less model.dataset.format (it has none)
+    raw = load_document(path, list(overrides), task, world_size)
     if raw.get("task", task) != task:
         raise ConfigError(f"recipe {path} is for task {raw['task']!r}, not {task!r}")
 

@@ -1,7 +1,10 @@
-"""NeMo 2.4's config keys, read as they are: renamed to ours, checked, or listed as having no effect here.
+"""NeMo's config keys (releases 1.0 to 2.4), read as they are: renamed to ours, checked, or listed as having no effect.
 
 A NeMo user brings ``megatron_bert_config.yaml``, ``token_classification_config.yaml``,
-``text_classification_config.yaml`` or ``qa_conf.yaml`` unmodified. ``translate`` rewrites the resolved
+``text_classification_config.yaml``, ``qa_conf.yaml`` or (NeMo 1.0-1.12) ``question_answering_squad_config.yaml``
+unmodified, from any release: NeMo 1.x files carry PyTorch Lightning 1.x trainer keys (``gpus``,
+``max_steps: null``, ``accelerator: ddp``, ``resume_from_checkpoint`` ...), mapped in ``_lightning1`` or listed in
+``NO_EFFECT`` like the rest. ``translate`` rewrites the resolved
 document (a plain dict) into this project's key names. Every NeMo key ends in exactly one of three places:
 
 * mapped: renamed to our key with the same meaning (``model.seed`` -> ``trainer.seed``, ``train_ds`` ->
@@ -32,6 +35,13 @@ if not OmegaConf.has_resolver("multiply"):
 _DATA_LOADING = "data-loader tuning; batches here are built in-process from model.micro_batch_size"
 _CKPT = ("checkpoints here are every exp_manager.checkpoint_callback_params.every_n_train_steps plus the last "
          "(pretraining) and the best by dev (fine-tuning); `bio-megatron export nemo` writes .nemo archives")
+_AMP = ("apex AMP level (Lightning 1.x): mixed precision here is trainer.precision, always O2-style with fp32 main "
+        "weights")
+_PROGRESS = "no progress bar: progress is logged every trainer.log_every_n_steps"
+_STRATEGY = ("the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
+             "model.pipeline_model_parallel_size and the launch")
+# Lightning 1.x put the strategy under trainer.accelerator (NeMo 1.0-1.7: ``accelerator: ddp``).
+_PL1_STRATEGIES = ("ddp", "ddp_spawn", "ddp2", "dp", "ddp_cpu", "ddp_sharded", "horovod", "deepspeed")
 _GEN_QA = "used by NeMo's generative QA models only (S2SQAModel, GPTQAModel); this is BERTQAModel's head"
 _PARTIAL_RECOMPUTE = ("NeMo's pipeline-window refinement of block recompute; here model.activations_checkpoint_method "
                       "block recomputes the same first layers of each stage in every micro-batch")
@@ -48,9 +58,35 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("trainer.use_distributed_sampler", None, "data-parallel sampling is megatron-core's"),
     ("trainer.benchmark", None, "cudnn.benchmark tunes convolutions; there are none"),
     ("trainer.num_sanity_val_steps", None, "no sanity validation pass before training here"),
-    ("trainer.strategy", None, "the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
-                               "model.pipeline_model_parallel_size and the launch"),
+    ("trainer.strategy", None, _STRATEGY),
     ("trainer.limit_test_batches", ("pretrain",), "pretraining runs no test pass here"),
+    # PyTorch Lightning 1.x trainer keys (NeMo 1.0-1.23 configs) without a meaning here; those with one (gpus,
+    # max_steps/max_epochs null, accelerator: ddp, resume_from_checkpoint) are mapped in _lightning1.
+    ("trainer.replace_sampler_ddp", None, "Lightning 1.x name of use_distributed_sampler: data-parallel sampling "
+                                          "is megatron-core's"),
+    ("trainer.checkpoint_callback", None, "Lightning 1.x name of enable_checkpointing: checkpointing is set up by "
+                                          "exp_manager here too"),
+    ("trainer.amp_level", None, _AMP),
+    ("trainer.amp_backend", None, _AMP),
+    ("trainer.progress_bar_refresh_rate", None, _PROGRESS),
+    ("trainer.enable_progress_bar", None, _PROGRESS),
+    ("trainer.weights_summary", None, "the parameter count is logged at the start (and by --dry-run); no "
+                                      "per-layer table"),
+    ("trainer.enable_model_summary", None, "the parameter count is logged at the start (and by --dry-run); no "
+                                           "per-layer table"),
+    ("trainer.flush_logs_every_n_steps", None, "log lines and TensorBoard events are written as they come"),
+    ("trainer.terminate_on_nan", None, "a non-finite loss skips its step; trainer.max_nonfinite_steps in a row "
+                                       "stop the run"),
+    ("trainer.detect_anomaly", None, "autograd anomaly detection is a debugging aid; not enabled here"),
+    ("trainer.sync_batchnorm", None, "BERT has no batch norm"),
+    ("trainer.auto_select_gpus", None, "each rank's GPU is its LOCAL_RANK"),
+    ("trainer.plugins", None, "Lightning plugins: precision and the parallel layout are megatron-core's"),
+    ("trainer.distributed_backend", None, _STRATEGY),
+    ("trainer.move_metrics_to_cpu", None, "metrics are gathered on the CPU here"),
+    ("trainer.prepare_data_per_node", None, "each rank reads its data in-process"),
+    ("trainer.log_gpu_memory", None, "the memory estimate is logged before the run (and by --dry-run)"),
+    ("trainer.resume_from_checkpoint", None, "null: nothing to resume (exp_manager.resume_if_exists resumes a "
+                                             "preempted run)"),
     ("trainer.max_epochs", ("pretrain",), "pretraining is step-based: it stops at trainer.max_steps"),
     ("exp_manager.create_wandb_logger", None, "no W&B in this project"),
     ("exp_manager.wandb_logger_kwargs.*", None, "no W&B in this project"),
@@ -87,6 +123,7 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("model.dataset.do_lower_case", None, "lower-casing follows the tokenizer (model.tokenizer.do_lower_case), as "
                                           "in NeMo with a pretrained tokenizer"),
     ("model.dataset.num_classes", ("re",), "the classes are the labels found in the data files"),
+    ("model.dataset.num_classes", ("classify",), "the classes are model.dataset.task_name's label set"),
     ("model.dataset.check_if_answer_in_context", None, _GEN_QA),
     ("model.*_ds.num_workers", None, _DATA_LOADING),
     ("model.*_ds.pin_memory", None, _DATA_LOADING),
@@ -131,6 +168,8 @@ CHECKED: dict[str, tuple[tuple[Any, ...], str]] = {
     "do_training": ((True,), "evaluate a trained model with `bio-megatron evaluate` or `predict`"),
     "model.language_model.config_file": ((None,), "give the shape with model.num_layers, hidden_size, ..."),
     "model.language_model.config": ((None,), "give the shape with model.num_layers, hidden_size, ..."),
+    "model.language_model.nemo_file": ((None,), "import a .nemo with `bio-megatron import nemo`, then "
+                                                "model.restore_from_path"),
     "model.dataset.keep_doc_spans": (("all",), "every document span is kept, as NeMo's default"),
     "model.token_classifier.log_softmax": ((False,), "the loss normalises the logits itself"),
     "model.train_ds.shuffle": ((True,), "training batches are shuffled every epoch"),
@@ -156,7 +195,7 @@ KNOWN_MODELS: dict[str, tuple[str | None, bool, dict]] = {
 }
 MEGATRON_TOKENIZERS = {"BertWordPieceLowerCase": ("bert_base_uncased", True),
                        "BertWordPieceCase": ("bert_base_cased", False)}
-_DS_FILE_KEYS = {"ner": ("text_file",), "re": ("file_path",), "qa": ("file",)}
+_DS_FILE_KEYS = {"ner": ("text_file",), "re": ("file_path",), "classify": ("file_path",), "qa": ("file",)}
 _DS_TARGET = {"train_ds": "train_file", "validation_ds": "dev_file", "test_ds": "test_file"}
 
 
@@ -224,7 +263,7 @@ def translate(doc: dict, task: str, cli_keys: set[str] = frozenset(), world_size
               ) -> tuple[dict, list[str], dict[str, str]]:
     """Resolved document -> (our document, problems, {NeMo key: why it has no effect here}).
 
-    ``task`` is ``pretrain``, ``ner``, ``re`` or ``qa``; ``cli_keys`` are the dotted keys given on the
+    ``task`` is ``pretrain``, ``ner``, ``re``, ``classify`` or ``qa``; ``cli_keys`` are the dotted keys given on the
     command line; ``world_size`` (when known) turns NeMo's per-GPU batch size into our global batch."""
     d = _Doc(flatten(doc), set(cli_keys))
     for key in list(d.flat):  # our own keys pass through first, so a NeMo alias meets them in ``set``
@@ -258,13 +297,14 @@ def _is_nemo_key(key: str, task: str) -> bool:
         return False
     nemo_prefixes = ("model.seed", "model.tokenizer.", "model.language_model.", "model.token_classifier.",
                      "model.train_ds.", "model.validation_ds.", "model.test_ds.", "model.data.seq_length",
-                     "trainer.devices", "trainer.val_check_interval",
+                     "trainer.devices", "trainer.val_check_interval", *_LIGHTNING1_KEYS,
                      "trainer.accumulate_grad_batches", "exp_manager.explicit_log_dir", "exp_manager.exp_dir",
                      "restore_from_path")
     return key.startswith(nemo_prefixes) or key in RECOMPUTE_ALIASES
 
 
 def _trainer(d: _Doc, task: str) -> None:
+    _lightning1(d, task)
     if "trainer.devices" in d.flat:
         v = d.pop("trainer.devices")
         # PTL: a list names GPU ids (the count is what matters: each rank's GPU is its LOCAL_RANK); -1 = all.
@@ -287,6 +327,60 @@ def _trainer(d: _Doc, task: str) -> None:
             d.flat["__accumulate"] = v  # consumed by _datasets with train_ds.batch_size
 
 
+_LIGHTNING1_KEYS = ("trainer.gpus", "trainer.max_steps", "trainer.max_epochs", "trainer.accelerator",
+                    "trainer.resume_from_checkpoint")
+
+
+def _gpu_count(v: Any) -> int | str | None:
+    """Lightning 1.x ``gpus``: a count, a list of ids, ``"0,1"`` (ids), -1 (all), or 0/null (the CPU: None)."""
+    if isinstance(v, str):
+        v = v.strip()
+        v = int(v) if v.lstrip("-").isdigit() else [x for x in v.split(",") if x.strip()]
+    if isinstance(v, (list, tuple)):
+        return len(v) or None
+    return "auto" if v == -1 else (v or None)
+
+
+def _lightning1(d: _Doc, task: str) -> None:
+    """PyTorch Lightning 1.x trainer keys of NeMo 1.x configs that have a meaning here, mapped to ours."""
+    if "trainer.gpus" in d.flat:
+        n = _gpu_count(d.pop("trainer.gpus"))
+        if n is None:  # Lightning: gpus 0 or null trains on the CPU
+            d.set("trainer.accelerator", "cpu", "trainer.gpus")
+        else:
+            d.set("trainer.devices", n, "trainer.gpus")
+    if "trainer.accelerator" in d.flat:
+        v = d.pop("trainer.accelerator")
+        if v in _PL1_STRATEGIES:  # Lightning 1.x's strategy slot, not a device type
+            d.ignored["trainer.accelerator"] = f"{v!r} is Lightning 1.x's strategy name: {_STRATEGY}"
+        elif v is not None:
+            d.set("trainer.accelerator", v, "trainer.accelerator")
+    if d.flat.get("trainer.resume_from_checkpoint") is not None:
+        path = str(d.pop("trainer.resume_from_checkpoint"))
+        if path.endswith((".ckpt", ".nemo")):
+            d.problems.append(f"trainer.resume_from_checkpoint ({path}) is a Lightning/NeMo file: a run resumes here "
+                              "from this project's checkpoint directories only; start from its weights with "
+                              "`bio-megatron import nemo` and model.restore_from_path")
+        else:  # NeMo's exp_manager moves it there too; fine-tuning's validation refuses it with the reason
+            d.set("exp_manager.resume_from_checkpoint", path, "trainer.resume_from_checkpoint")
+    steps = d.flat.get("trainer.max_steps", 0)
+    if "trainer.max_steps" in d.flat:
+        v = d.pop("trainer.max_steps")
+        if v is None and task == "pretrain":
+            d.problems.append("trainer.max_steps is null (Lightning 1.x: no step limit): pretraining is step-based "
+                              "here; give trainer.max_steps=N")
+        else:  # Lightning 1.x: null = no step limit, Lightning 2's -1: max_epochs bounds the run
+            d.set("trainer.max_steps", -1 if v is None else v, "trainer.max_steps")
+    if task != "pretrain" and "trainer.max_epochs" in d.flat:  # (pretraining lists it in NO_EFFECT)
+        v = d.pop("trainer.max_epochs")
+        if isinstance(steps, int) and steps > 0 and v in (None, -1):
+            d.ignored["trainer.max_epochs"] = f"{v}: trainer.max_steps ({steps}) bounds the run"
+        elif v is None:  # Lightning 1.x's default when neither limit is given
+            d.set("trainer.max_epochs", 1000, "trainer.max_epochs")
+        else:
+            d.set("trainer.max_epochs", v, "trainer.max_epochs")
+
+
 def _exp_manager(d: _Doc) -> None:
     if d.flat.get("exp_manager.explicit_log_dir") is not None:
         # NeMo writes into explicit_log_dir itself; our run directory is exp_dir/name.
@@ -304,6 +398,15 @@ def _encoder(d: _Doc, task: str) -> None:
     for alias, ours in RECOMPUTE_ALIASES.items():
         if alias in d.flat:
             d.set(ours, d.pop(alias), alias)
+    # NeMo 1.6-1.13 wrote activations_checkpoint_num_layers: 1 beside method null: no recompute, the count unused.
+    layers = "model.activations_checkpoint_num_layers"
+    src = d.source.get(layers)
+    if (src is not None and not d.from_cli(src) and d.out[layers] is not None
+            and d.out.get("model.activations_checkpoint_method") is None
+            and d.out.get("model.activations_checkpoint_granularity") is None):
+        del d.out[layers], d.source[layers]
+        d.ignored[src] = ("recompute is off (activations_checkpoint_method and _granularity null): the layer count "
+                          "is unused, as in NeMo")
     if "model.seed" in d.flat:
         d.set("trainer.seed", d.pop("model.seed"), "model.seed")
     if d.flat.get("restore_from_path") is not None:
@@ -375,7 +478,9 @@ def _datasets(d: _Doc, task: str, world_size: int | None) -> None:
     accumulate = d.pop("__accumulate", 1)
     files = [f"model.{ds}.{k}" for ds in _DS_TARGET for k in (*_DS_FILE_KEYS[task], "labels_file")]
     if any(k in d.flat for k in files):
-        if task != "qa":  # NeMo's own file formats (QA is SQuAD JSON either way)
+        # NeMo's own file formats (QA is SQuAD JSON either way; classify reads model.dataset.task_name's format
+        # and has no format key, so none is written that the user would then see refused)
+        if task in ("ner", "re"):
             d.set("model.dataset.format", "nemo", "model.train_ds")
         if task != "ner" and "model.dataset.data_dir" not in d.out:
             d.set("model.dataset.data_dir", ".", "model.train_ds")  # NeMo's paths are relative to the cwd
