@@ -17,7 +17,7 @@ from bio_megatron.tasks.blurb_scoring import EVALUATORS
 
 def register(ev: argparse._SubParsersAction) -> None:
     """Add one ``evaluate`` sub-command per BLURB task."""
-    for name, task in EVALUATORS.items():
+    for name, task in _evaluators().items():
         p = ev.add_parser(name, help=task.help, description=f"{task.help}. Prints one JSON object.")
         p.add_argument("--gold", required=True, help=task.gold)
         p.add_argument("--pred", required=True, help=f"predictions: {task.pred}")
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json_out:
         check_output_file(args.json_out)  # before reading: a bad --json path should not cost the scoring
-    task = EVALUATORS[args.blurb_task]
+    task = _evaluators()[args.blurb_task]
     label_map = getattr(args, "label_map", None)
     score = task.score
     if getattr(args, "metric", "blurb") == "blue":
@@ -56,6 +56,13 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         write_json_atomic(args.json_out, obj)
     return emit(obj)
+
+
+def _evaluators() -> dict:
+    """BLURB's evaluators, then the clinical pair tasks' (``mednli``, ``clinicalsts``: tasks/clinical_data.py)."""
+    from bio_megatron.tasks.clinical_data import EVALUATORS as CLINICAL
+
+    return {**EVALUATORS, **CLINICAL}
 
 
 def _label_map(path: str, task_name: str) -> dict[int, str]:

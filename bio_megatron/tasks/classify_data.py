@@ -11,6 +11,8 @@ ddi             sentence               single      micro-F1 over the 4 positive 
 gad             sentence               single      F1 of the positive class 1
 biosses         sentence pair          regression  Pearson's r
 hoc             sentence               multi       abstract-level micro-F1 (sentence predictions OR-ed)
+mednli          premise, hypothesis    single      accuracy over entailment/neutral/contradiction
+clinicalsts     sentence pair          regression  Pearson's r (similarity 0-5)
 ==============  =====================  ==========  ==========================================================
 
 (*) or, with ``model.dataset.pubmedqa_long_answer: true``, question + the abstract's conclusion (PubMedQA's
@@ -31,7 +33,7 @@ from typing import Callable, Literal, Sequence
 from bio_megatron.evaluation.blurb import (BIOASQ_YESNO_LABELS, DDI_LABELS, DDI_POSITIVES, GAD_LABELS, GAD_POSITIVE,
                                            HOC_LABELS, PUBMEDQA_LABELS, BlurbResult, accuracy_scores, hoc_scores,
                                            pearson_scores, positive_f1_scores)
-from bio_megatron.tasks import blurb_data
+from bio_megatron.tasks import blurb_data, clinical_data
 from bio_megatron.utils.errors import DataError
 
 Mode = Literal["single", "regression", "multi"]
@@ -125,6 +127,11 @@ DATASETS: dict[str, BlurbDataset] = {
                         _positive_f1(GAD_LABELS, (GAD_POSITIVE,)), pair=False),
     "biosses": BlurbDataset("biosses", "regression", REGRESSION_LABELS, blurb_data.read_biosses, _pearson, pair=True),
     "hoc": BlurbDataset("hoc", "multi", HOC_LABELS, blurb_data.read_hoc, _hoc, pair=False),
+    # the clinical pair tasks of BLUE / BioELECTRA (readers and formats: tasks/clinical_data.py)
+    "mednli": BlurbDataset("mednli", "single", clinical_data.MEDNLI_LABELS, clinical_data.read_mednli,
+                           _accuracy(clinical_data.MEDNLI_LABELS), pair=True),
+    "clinicalsts": BlurbDataset("clinicalsts", "regression", REGRESSION_LABELS, clinical_data.read_clinicalsts,
+                                _pearson, pair=True),
 }
 
 

@@ -99,3 +99,48 @@ def test_cli_evaluate_hoc_blue_refuses_bad_predictions(capsys, tmp_path):
     rc, out, msg = _run(capsys, ["evaluate", "hoc", "--gold", str(BLURB_FIX / "test.tsv"), "--pred", str(bad),
                                  "--metric", "blue"])
     assert (rc, out) == (2, "") and f"{bad}:3:" in msg and "Traceback" not in msg
+
+
+# --- MedNLI accuracy and ClinicalSTS Pearson: the CLI against scikit-learn / scipy on perturbed predictions ---
+CLINICAL = ROOT / "tests" / "fixtures" / "clinical"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cli_mednli_accuracy_equals_sklearn(capsys, tmp_path, seed):
+    metrics = pytest.importorskip("sklearn.metrics")
+    from bio_megatron.tasks.clinical_data import MEDNLI_LABELS, read_mednli
+
+    gold_file = CLINICAL / "mednli" / "mli_train_v1.jsonl"
+    gold = read_mednli(gold_file)
+    rng = np.random.default_rng(seed)
+    pred = [MEDNLI_LABELS[rng.integers(3)] if rng.random() < 0.4 else e.label for e in gold]
+    lines = [json.dumps({"id": e.id, "label": p}) for e, p in zip(gold, pred)]
+    (tmp_path / "p.jsonl").write_text("\n".join(lines[::-1]) + "\n")  # order is free: matched by id
+    rc, out, msg = _run(capsys, ["evaluate", "mednli", "--gold", str(gold_file), "--pred", str(tmp_path / "p.jsonl")])
+    assert rc == 0, msg
+    result = json.loads(out)
+    g = [e.label for e in gold]
+    assert result["metric"] == "accuracy" and result["score"] == pytest.approx(metrics.accuracy_score(g, pred),
+                                                                               abs=1e-12)
+    assert result["macro_f1"] == pytest.approx(metrics.f1_score(g, pred, labels=list(MEDNLI_LABELS),
+                                                                average="macro", zero_division=0), abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_cli_clinicalsts_pearson_equals_scipy(capsys, tmp_path, seed):
+    stats = pytest.importorskip("scipy.stats")
+    from bio_megatron.tasks.clinical_data import read_clinicalsts
+
+    gold_file = CLINICAL / "clinicalsts" / "clinicalSTS2019.train.txt"
+    gold = read_clinicalsts(gold_file)
+    rng = np.random.default_rng(seed)
+    pred = [e.score + float(rng.normal(0, 1.5)) for e in gold]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"id": e.id, "score": p}) + "\n"
+                                              for e, p in zip(gold, pred)))
+    rc, out, msg = _run(capsys, ["evaluate", "clinicalsts", "--gold", str(gold_file),
+                                 "--pred", str(tmp_path / "p.jsonl")])
+    assert rc == 0, msg
+    result = json.loads(out)
+    oracle = stats.pearsonr([e.score for e in gold], pred)[0]
+    assert result["metric"] == "pearson" and result["score"] == pytest.approx(oracle, abs=1e-12)
+    assert result["pairs"] == 8
