@@ -24,6 +24,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from bio_megatron.config.nemo_lightning import LIGHTNING1_KEYS, STRATEGY as _STRATEGY, lightning1
+
 MISSING = "???"
 
 # NeMo registers this resolver (``${multiply:a,b}``, used by megatron_bert_config.yaml) at import time.
@@ -38,10 +40,6 @@ _CKPT = ("checkpoints here are every exp_manager.checkpoint_callback_params.ever
 _AMP = ("apex AMP level (Lightning 1.x): mixed precision here is trainer.precision, always O2-style with fp32 main "
         "weights")
 _PROGRESS = "no progress bar: progress is logged every trainer.log_every_n_steps"
-_STRATEGY = ("the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
-             "model.pipeline_model_parallel_size and the launch")
-# Lightning 1.x put the strategy under trainer.accelerator (NeMo 1.0-1.7: ``accelerator: ddp``).
-_PL1_STRATEGIES = ("ddp", "ddp_spawn", "ddp2", "dp", "ddp_cpu", "ddp_sharded", "horovod", "deepspeed")
 _GEN_QA = "used by NeMo's generative QA models only (S2SQAModel, GPTQAModel); this is BERTQAModel's head"
 _PARTIAL_RECOMPUTE = ("NeMo's pipeline-window refinement of block recompute; here model.activations_checkpoint_method "
                       "block recomputes the same first layers of each stage in every micro-batch")
@@ -61,7 +59,7 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("trainer.strategy", None, _STRATEGY),
     ("trainer.limit_test_batches", ("pretrain",), "pretraining runs no test pass here"),
     # PyTorch Lightning 1.x trainer keys (NeMo 1.0-1.23 configs) without a meaning here; those with one (gpus,
-    # max_steps/max_epochs null, accelerator: ddp, resume_from_checkpoint) are mapped in _lightning1.
+    # max_steps/max_epochs null, accelerator: ddp, resume_from_checkpoint) are mapped in nemo_lightning.py.
     ("trainer.replace_sampler_ddp", None, "Lightning 1.x name of use_distributed_sampler: data-parallel sampling "
                                           "is megatron-core's"),
     ("trainer.checkpoint_callback", None, "Lightning 1.x name of enable_checkpointing: checkpointing is set up by "
@@ -297,14 +295,14 @@ def _is_nemo_key(key: str, task: str) -> bool:
         return False
     nemo_prefixes = ("model.seed", "model.tokenizer.", "model.language_model.", "model.token_classifier.",
                      "model.train_ds.", "model.validation_ds.", "model.test_ds.", "model.data.seq_length",
-                     "trainer.devices", "trainer.val_check_interval", *_LIGHTNING1_KEYS,
+                     "trainer.devices", "trainer.val_check_interval", *LIGHTNING1_KEYS,
                      "trainer.accumulate_grad_batches", "exp_manager.explicit_log_dir", "exp_manager.exp_dir",
                      "restore_from_path")
     return key.startswith(nemo_prefixes) or key in RECOMPUTE_ALIASES
 
 
 def _trainer(d: _Doc, task: str) -> None:
-    _lightning1(d, task)
+    lightning1(d, task)
     if "trainer.devices" in d.flat:
         v = d.pop("trainer.devices")
         # PTL: a list names GPU ids (the count is what matters: each rank's GPU is its LOCAL_RANK); -1 = all.
@@ -325,60 +323,6 @@ def _trainer(d: _Doc, task: str) -> None:
                               "follows from model.global_batch_size / (micro_batch_size x data-parallel size)")
         elif task != "pretrain":
             d.flat["__accumulate"] = v  # consumed by _datasets with train_ds.batch_size
-
-
-_LIGHTNING1_KEYS = ("trainer.gpus", "trainer.max_steps", "trainer.max_epochs", "trainer.accelerator",
-                    "trainer.resume_from_checkpoint")
-
-
-def _gpu_count(v: Any) -> int | str | None:
-    """Lightning 1.x ``gpus``: a count, a list of ids, ``"0,1"`` (ids), -1 (all), or 0/null (the CPU: None)."""
-    if isinstance(v, str):
-        v = v.strip()
-        v = int(v) if v.lstrip("-").isdigit() else [x for x in v.split(",") if x.strip()]
-    if isinstance(v, (list, tuple)):
-        return len(v) or None
-    return "auto" if v == -1 else (v or None)
-
-
-def _lightning1(d: _Doc, task: str) -> None:
-    """PyTorch Lightning 1.x trainer keys of NeMo 1.x configs that have a meaning here, mapped to ours."""
-    if "trainer.gpus" in d.flat:
-        n = _gpu_count(d.pop("trainer.gpus"))
-        if n is None:  # Lightning: gpus 0 or null trains on the CPU
-            d.set("trainer.accelerator", "cpu", "trainer.gpus")
-        else:
-            d.set("trainer.devices", n, "trainer.gpus")
-    if "trainer.accelerator" in d.flat:
-        v = d.pop("trainer.accelerator")
-        if v in _PL1_STRATEGIES:  # Lightning 1.x's strategy slot, not a device type
-            d.ignored["trainer.accelerator"] = f"{v!r} is Lightning 1.x's strategy name: {_STRATEGY}"
-        elif v is not None:
-            d.set("trainer.accelerator", v, "trainer.accelerator")
-    if d.flat.get("trainer.resume_from_checkpoint") is not None:
-        path = str(d.pop("trainer.resume_from_checkpoint"))
-        if path.endswith((".ckpt", ".nemo")):
-            d.problems.append(f"trainer.resume_from_checkpoint ({path}) is a Lightning/NeMo file: a run resumes here "
-                              "from this project's checkpoint directories only; start from its weights with "
-                              "`bio-megatron import nemo` and model.restore_from_path")
-        else:  # NeMo's exp_manager moves it there too; fine-tuning's validation refuses it with the reason
-            d.set("exp_manager.resume_from_checkpoint", path, "trainer.resume_from_checkpoint")
-    steps = d.flat.get("trainer.max_steps", 0)
-    if "trainer.max_steps" in d.flat:
-        v = d.pop("trainer.max_steps")
-        if v is None and task == "pretrain":
-            d.problems.append("trainer.max_steps is null (Lightning 1.x: no step limit): pretraining is step-based "
-                              "here; give trainer.max_steps=N")
-        else:  # Lightning 1.x: null = no step limit, Lightning 2's -1: max_epochs bounds the run
-            d.set("trainer.max_steps", -1 if v is None else v, "trainer.max_steps")
-    if task != "pretrain" and "trainer.max_epochs" in d.flat:  # (pretraining lists it in NO_EFFECT)
-        v = d.pop("trainer.max_epochs")
-        if isinstance(steps, int) and steps > 0 and v in (None, -1):
-            d.ignored["trainer.max_epochs"] = f"{v}: trainer.max_steps ({steps}) bounds the run"
-        elif v is None:  # Lightning 1.x's default when neither limit is given
-            d.set("trainer.max_epochs", 1000, "trainer.max_epochs")
-        else:
-            d.set("trainer.max_epochs", v, "trainer.max_epochs")
 
 
 def _exp_manager(d: _Doc) -> None:

@@ -90,7 +90,7 @@ def _run(argv: list[str], capsys) -> tuple[int, dict | None, list[logging.LogRec
 
 def _no_effect(records: list[logging.LogRecord]) -> dict[str, str]:
     """The one no-effect warning as {key: reason}; a key listed twice fails here."""
-    warned = [r.getMessage() for r in records if r.levelno == logging.WARNING and "have no effect here" in r.getMessage()]
+    warned = [m for r in records if r.levelno == logging.WARNING and "have no effect here" in (m := r.getMessage())]
     assert len(warned) == 1, warned
     keys: dict[str, str] = {}
     for line in warned[0].splitlines()[1:]:
@@ -189,9 +189,9 @@ def test_resume_from_checkpoint_maps_or_refuses_with_the_reason(tmp_path, data, 
     msg = " ".join(r.getMessage() for r in records if r.levelno >= logging.ERROR)
     assert rc == 2 and out is None and "trainer.resume_from_checkpoint (/r/megatron_bert--step=100.ckpt)" in msg
     assert "bio-megatron import nemo" in msg
-    rc, _, records = _run(["finetune", "ner", "--config", str(NEMO / "v1" / "token_classification_config.v1.8.0.yaml"),
-                           "--dry-run", f"model.dataset.data_dir={data['ner']}", f"trainer.resume_from_checkpoint={tmp_path}"],
-                          capsys)
+    ner = NEMO / "v1" / "token_classification_config.v1.8.0.yaml"
+    rc, _, records = _run(["finetune", "ner", "--config", str(ner), "--dry-run",
+                           f"model.dataset.data_dir={data['ner']}", f"trainer.resume_from_checkpoint={tmp_path}"], capsys)
     msg = " ".join(r.getMessage() for r in records if r.levelno >= logging.ERROR)
     assert rc == 2 and "not supported for fine-tuning" in msg and "model.restore_from_path" in msg
 
