@@ -72,8 +72,9 @@ class ClassifierHeadConfig:
 @dataclass
 class NerDatasetConfig:
     data_dir: str = "../shared/data/ner/BC5CDR-chem"
-    format: Literal["iob", "nemo"] = "iob"
-    """iob: ``token<TAB>tag`` files; nemo: ``text_<split>.txt`` with ``labels_<split>.txt`` beside it."""
+    format: Literal["iob", "nemo", "blue"] = "iob"
+    """iob: ``token<TAB>tag`` files; nemo: ``text_<split>.txt`` with ``labels_<split>.txt`` beside it; blue: BLUE's
+    ``token<TAB>document<TAB>offset<TAB>label`` files (as bio-lm reads BC5CDR; tasks/blue_ner.py)."""
     train_file: str = "train.tsv"
     dev_file: str = "devel.tsv"
     test_file: str | None = "test.tsv"

@@ -24,6 +24,10 @@ def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sen
         if labels_path == path:
             raise DataError("NeMo NER files must be named text_<split>.txt (labels in labels_<split>.txt)", str(path))
         return read_nemo(path, labels_path, labels)
+    if d.format == "blue":
+        from bio_megatron.tasks.blue_ner import read_blue_ner  # BLUE's 4-column files (bio-lm's BC5CDR)
+
+        return read_blue_ner(path, labels)
     return read_iob(path, labels)
 
 

@@ -130,3 +130,64 @@ def test_finetune_classify_on_clinical_format_and_evaluate_reproduces_test_score
     gold = folder / pattern.format("train")
     assert main(["evaluate", task_name, "--gold", str(gold), "--pred", res["test_predictions"]]) == 0
     assert json.loads(capsys.readouterr().out) == res["test"]
+
+
+# --- BLUE's 4-column NER files (model.dataset.format: blue) -------------------------------------------------
+BLUE_NER = FIX / "blue_ner"
+NER_RECIPE = ROOT / "nemo_configs" / "ner" / "tiny_ner.yaml"
+
+
+def test_blue_ner_reader_unquotes_csv_tokens_and_keeps_sentences():
+    from bio_megatron.tasks.blue_ner import read_blue_ner
+
+    sentences = read_blue_ner(BLUE_NER / "train.tsv")
+    assert [len(s.words) for s in sentences] == [8, 14, 6]
+    second = sentences[1]  # a quoted double quote (csv's four quotes) is the token ", non-ASCII kept
+    assert second.words[:6] == ["In", '"', "alpha", "-", "methyldopa", '"'] and second.words[8] == "β"
+    assert second.tags == ["O", "O", "B", "I", "I", "O", "O", "O", "B", "I", "I", "O", "O", "O"]
+    assert sum(t == "B" for s in sentences for t in s.tags) == 6  # mentions, counted by hand
+
+
+@pytest.mark.parametrize("index,line,needles", [
+    (2, "the\t-\t18", ("3 tab-separated field(s)",)),
+    (2, "the\t-\teighteen\tO", ("offset 'eighteen' is not an integer",)),
+    (2, "the\t-\t5\tO", ("offset 5 is not after the previous token's (9)",)),
+    (2, "the\t-\t18\tB-Chemical", ("unknown tag 'B-Chemical'",)),  # the training label set is B, I, O
+    (9, "In\t-\t60\tO", ("first token has no document id",)),
+    (10, '"a\t-\t63\tO', ("does not parse",)),
+])
+def test_finetune_ner_blue_refuses_a_bad_line_with_file_and_line(tmp_path, index, line, needles):
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = (BLUE_NER / "train.tsv").read_text(encoding="utf-8").split("\n")
+    (data / "train.tsv").write_text((BLUE_NER / "train.tsv").read_text(encoding="utf-8"), encoding="utf-8")
+    lines[index] = line
+    (data / "test.tsv").write_text("\n".join(lines), encoding="utf-8")
+    rc, msg = run_cli(["finetune", "ner", "--config", str(NER_RECIPE), "model.dataset.format=blue",
+                       f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
+                       "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv",
+                       "trainer.max_steps=2", f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=bad"],
+                      logging.ERROR, " | ")
+    assert rc == 2 and f"{data / 'test.tsv'}:{index + 1}:" in msg and "Traceback" not in msg, msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
+def _finetune_ner(over: list[str]) -> dict:
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.tasks.finetune import run_finetuning
+
+    os.chdir(ROOT)
+    return run_finetuning(load_finetune_config("ner", NER_RECIPE, over, int(os.environ["WORLD_SIZE"])))
+
+
+def test_finetune_ner_on_blue_format_learns_and_scores_untyped_entities(tmp_path):
+    over = ["model.dataset.format=blue", f"model.dataset.data_dir={BLUE_NER}", "model.dataset.train_file=train.tsv",
+            "model.dataset.dev_file=devel.tsv", "model.dataset.test_file=test.tsv", "trainer.max_steps=30",
+            "trainer.val_check_interval=30", "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
+            f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=blue"]
+    (res,) = run_world(1, _finetune_ner, over)
+    losses = [h["loss"] for h in res["history"] if "loss" in h]
+    assert sum(losses[-5:]) / 5 < 0.7 * losses[0], losses
+    labels = (tmp_path / "blue").rglob("label_ids.csv")
+    assert [p.read_text().split() for p in labels][0] == ["O", "B", "I"]  # BLUE's untyped tags, pad label first
