@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -229,3 +231,28 @@ def test_classify_reads_text_classification_config(path, capsys):
     d = cfg["model"]["dataset"]
     assert "format" not in d and (d["task_name"], d["train_file"], d["dev_file"]) == ("gad", str(gad), str(gad))
     assert "task_name's label set" in _no_effect(records)["model.dataset.num_classes"]
+
+
+def test_gpus_of_the_file_and_devices_of_the_command_line(pubmed_prefix, capsys):
+    """megatron_bert_config v1.6.0 says ``gpus: 2``: that is trainer.devices 2, and a user's trainer.devices=1
+    (today's key) wins over the file's older one."""
+    base = ["pretrain", "--config", str(NEMO / "v1" / "megatron_bert_config.v1.6.0.yaml"), "--dry-run",
+            f"model.data.data_prefix=[1.0,{pubmed_prefix}]"]
+    rc, out, _ = _run(base, capsys)
+    assert rc == 0 and out["config"]["trainer"]["devices"] == 2
+    rc, out, _ = _run([*base, "trainer.devices=1"], capsys)
+    assert rc == 0 and out["config"]["trainer"]["devices"] == 1
+
+
+def test_cli_process_warns_once_per_key(data):
+    """``python -m bio_megatron`` on a NeMo 1.0 config: exit 0, each Lightning 1.x key named once on stderr."""
+    path = NEMO / "v1" / "text_classification_config.v1.0.0.yaml"
+    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "re", "--config", str(path), "--dry-run",
+                           "trainer.gpus=1", "model.dataset.num_classes=2", f"model.train_ds.file_path={data['re']}",
+                           f"model.validation_ds.file_path={data['re']}"], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)["trainer"]["max_steps"] == -1
+    for key in ("trainer.amp_level", "trainer.checkpoint_callback", "trainer.resume_from_checkpoint",
+                "trainer.accelerator"):
+        assert proc.stderr.count(key) == 1, (key, proc.stderr)
