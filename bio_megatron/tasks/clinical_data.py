@@ -5,8 +5,9 @@
   "neutral" | "contradiction", "pairID": ..., ...}`` (the parse fields are ignored). Id: ``pairID``, or the line
   number where a line has none. Metric: accuracy over the three classes.
 * ClinicalSTS (n2c2 2019 track 1, ``clinicalSTS2019.train.txt``): ``sentence1<TAB>sentence2<TAB>score`` per
-  line, no header, score the annotators' mean similarity in [0, 5]. Id: the line number. Metric: Pearson's r
-  (:func:`bio_megatron.evaluation.blurb.pearson_scores`).
+  line, no header, score the annotators' mean similarity in [0, 5]; the test release's
+  ``clinicalSTS2019.test.txt`` has the pairs only and ``clinicalSTS2019.test.gs.sim.txt`` the scores, one a line,
+  read together. Id: the line number. Metric: Pearson's r (:func:`bio_megatron.evaluation.blurb.pearson_scores`).
 
 Both plug into ``finetune classify`` (``model.dataset.task_name: mednli | clinicalsts``, the table in
 :mod:`bio_megatron.tasks.classify_data`) and ``bio-megatron evaluate mednli|clinicalsts`` (:data:`EVALUATORS`).
@@ -68,29 +69,53 @@ def read_mednli(path: Path | str) -> list[TextExample]:
     return out
 
 
-def read_clinicalsts(path: Path | str) -> list[ScoreExample]:
-    """ClinicalSTS pairs with their gold similarity score; the id is the line number (the release has none)."""
+def _sts_score(raw: str, path: Path | str, lineno: int) -> float:
     low, high = CLINICALSTS_RANGE
-    out: list[ScoreExample] = []
+    try:
+        score = float(raw)
+    except ValueError:
+        score = math.nan
+    if not (math.isfinite(score) and low <= score <= high):
+        raise DataError(f"score {raw[:30]!r} is not a number in [{low:g}, {high:g}]", str(path), lineno)
+    return score
+
+
+def scores_file(path: Path | str) -> Path:
+    """Where the n2c2 test release keeps the scores of ``clinicalSTS2019.test.txt``:
+    ``clinicalSTS2019.test.gs.sim.txt``."""
+    path = Path(path)
+    return path.with_name(path.name.removesuffix(".txt") + ".gs.sim.txt")
+
+
+def read_clinicalsts(path: Path | str) -> list[ScoreExample]:
+    """ClinicalSTS pairs with their gold similarity score; the id is the line number (the release has none).
+
+    A file of score-less pairs (``sentence1<TAB>sentence2``, the n2c2 test release) takes its scores from
+    :func:`scores_file` beside it, one score a line, as many lines as pairs."""
+    rows: list[tuple[int, str, str, str | None]] = []
     for lineno, line in iter_lines(path, _STS):
         if not line.strip():
             continue
         fields = line.split("\t")
-        if len(fields) != 3:
-            raise DataError(f"{len(fields)} tab-separated field(s); expected {_STS}", str(path), lineno)
-        a, b, raw = fields
-        if not a.strip() or not b.strip():
+        if len(fields) not in (2, 3) or (rows and (len(fields) == 3) != (rows[0][3] is not None)):
+            raise DataError(f"{len(fields)} tab-separated field(s); expected {_STS} (or, for the test release, "
+                            "'sentence1<TAB>sentence2' on every line)", str(path), lineno)
+        if not fields[0].strip() or not fields[1].strip():
             raise DataError(f"an empty sentence; expected {_STS}", str(path), lineno)
-        try:
-            score = float(raw)
-        except ValueError:
-            score = math.nan
-        if not (math.isfinite(score) and low <= score <= high):
-            raise DataError(f"score {raw[:30]!r} is not a number in [{low:g}, {high:g}]", str(path), lineno)
-        out.append(ScoreExample(str(lineno), a, b, score))
-    if not out:
+        rows.append((lineno, fields[0], fields[1], fields[2] if len(fields) == 3 else None))
+    if not rows:
         raise DataError(f"no pairs; expected {_STS}", str(path))
-    return out
+    if rows[0][3] is not None:
+        return [ScoreExample(str(n), a, b, _sts_score(raw, path, n)) for n, a, b, raw in rows]  # type: ignore[arg-type]
+    gs = scores_file(path)
+    if not gs.is_file():
+        raise DataError(f"pairs without scores (the n2c2 test release); their scores are read from {gs.name} beside "
+                        "it, which is missing", str(path))
+    scores = [(n, line) for n, line in iter_lines(gs, "one score in [0, 5] a line") if line.strip()]
+    if len(scores) != len(rows):
+        raise DataError(f"{len(scores)} scores for the {len(rows)} pairs of {path}", str(gs))
+    return [ScoreExample(str(n), a, b, _sts_score(raw.strip(), gs, sn))
+            for (n, a, b, _), (sn, raw) in zip(rows, scores)]
 
 
 def _mednli(gold: str, pred: str, label_map: Mapping[int, str] | None = None):

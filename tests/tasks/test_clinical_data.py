@@ -42,6 +42,29 @@ def test_clinicalsts_reader_counts_scores_and_line_ids():
     assert (train[6].text, train[6].text_b) == ("Temperature 38.9 °C on admission.", "Febrile on arrival.")
 
 
+def test_clinicalsts_test_release_reads_scores_from_gs_sim_file():
+    test = read_clinicalsts(STS / "clinicalSTS2019.test.txt")  # pairs only; scores in .test.gs.sim.txt beside it
+    assert [e.score for e in test] == [4.0, 4.75, 0.25, 3.0, 1.0] and [e.id for e in test] == ["1", "2", "3", "4", "5"]
+    assert (test[1].text, test[1].text_b) == ("Metoprolol 25 mg twice daily.", "Metoprolol tartrate 25 mg PO BID.")
+
+
+@pytest.mark.parametrize("scores,needles", [
+    (None, ("clinicalSTS2019.test.gs.sim.txt beside it, which is missing",)),
+    ("4.0\n4.75\n0.25\n3.0\n", ("4 scores for the 5 pairs",)),
+    ("4.0\n4.75\nnan\n3.0\n1.0\n", ("clinicalSTS2019.test.gs.sim.txt:3:", "'nan' is not a number in [0, 5]")),
+])
+def test_clinicalsts_test_release_refuses_missing_or_bad_scores(capsys, tmp_path, scores, needles):
+    gold = tmp_path / "clinicalSTS2019.test.txt"
+    gold.write_text((STS / "clinicalSTS2019.test.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    if scores is not None:
+        (tmp_path / "clinicalSTS2019.test.gs.sim.txt").write_text(scores)
+    rc, out, msg = _run(capsys, ["evaluate", "clinicalsts", "--gold", str(gold),
+                                 "--pred", str(STS / "clinicalSTS2019.test.pred.jsonl")])
+    assert (rc, out) == (2, "") and "Traceback" not in msg
+    for needle in needles:
+        assert needle in msg, (needle, msg)
+
+
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
     rc, msg = run_cli(argv, logging.WARNING, " | ")
     return rc, capsys.readouterr().out, msg
@@ -62,12 +85,13 @@ def _with_line(src: Path, dst: Path, index: int, line: str) -> Path:
     ("mednli", 3, '{"sentence1": "a", "sentence2": "b", "gold_label": "neutral", '
                   '"pairID": "t0000001-0000-11e7-a8dc-f45c89b91419"}', (":4:", "already used on line 1")),
     ("clinicalsts", 1, "one sentence\t4.0", (":2:", "2 tab-separated field(s)")),
+    ("clinicalsts", 1, "a\tb\t4.0\textra", (":2:", "4 tab-separated field(s)")),
     ("clinicalsts", 2, "a\tb\t5.5", (":3:", "not a number in [0, 5]")),
     ("clinicalsts", 0, "a\tb\thigh", (":1:", "'high' is not a number")),
 ])
 def test_bad_gold_line_is_refused_with_file_and_line(capsys, tmp_path, task, index, line, needles):
     gold_src, pred = {"mednli": (MEDNLI / "mli_test_v1.jsonl", MEDNLI / "mli_test_v1.pred.jsonl"),
-                      "clinicalsts": (STS / "clinicalSTS2019.test.txt",
+                      "clinicalsts": (STS / "clinicalSTS2019.train.txt",
                                       STS / "clinicalSTS2019.test.pred.jsonl")}[task]
     gold = _with_line(gold_src, tmp_path / gold_src.name, index, line)
     out_json = tmp_path / "score.json"
