@@ -192,8 +192,8 @@ def test_resume_from_checkpoint_maps_or_refuses_with_the_reason(tmp_path, data, 
     assert rc == 2 and out is None and "trainer.resume_from_checkpoint (/r/megatron_bert--step=100.ckpt)" in msg
     assert "bio-megatron import nemo" in msg
     ner = NEMO / "v1" / "token_classification_config.v1.8.0.yaml"
-    rc, _, records = _run(["finetune", "ner", "--config", str(ner), "--dry-run",
-                           f"model.dataset.data_dir={data['ner']}", f"trainer.resume_from_checkpoint={tmp_path}"], capsys)
+    cli = [f"model.dataset.data_dir={data['ner']}", f"trainer.resume_from_checkpoint={tmp_path}"]
+    rc, _, records = _run(["finetune", "ner", "--config", str(ner), "--dry-run", *cli], capsys)
     msg = " ".join(r.getMessage() for r in records if r.levelno >= logging.ERROR)
     assert rc == 2 and "not supported for fine-tuning" in msg and "model.restore_from_path" in msg
 
