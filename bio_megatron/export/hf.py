@@ -52,8 +52,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from bio_megatron.export.folder_modes import apply_umask_modes
 from bio_megatron.export.hf_heads import (head_settings, head_to_hf, plain_class, remote_config_fields,
                                           write_remote_code)
+from bio_megatron.export.model_card import model_card
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
@@ -133,6 +135,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
         (tmp / "bio_megatron_export.json").write_text(json.dumps(
             {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote, "dtype": dtype},
             indent=2) + "\n")
+        (tmp / "README.md").write_text(model_card(src.path, src.task, cls, remote, labels, dtype, Path(out).name),
+                                       encoding="utf-8")
+        apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     log.info("exported %s -> %s (%s%s)", src.path, out, cls, ", trust_remote_code=True to load" if remote else "")
     return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote, "dtype": dtype}
 

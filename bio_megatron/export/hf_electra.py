@@ -229,7 +229,9 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     from bio_megatron.config.pretrain import electra_shapes
+    from bio_megatron.export.folder_modes import apply_umask_modes
     from bio_megatron.export.hf import EXPORT_COMMAND, EXPORT_DTYPES, _save_tokenizer
+    from bio_megatron.export.model_card import model_card
     from bio_megatron.vocab.bpe import BPETokenizer
 
     model, m, tok = load_electra(src)
@@ -256,6 +258,10 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
             (tmp / name / "bio_megatron_export.json").write_text(json.dumps(
                 {"source": str(src.path), "task": None, "class": hf.config.architectures[0], "remote_code": False,
                  "dtype": dtype}, indent=2) + "\n")
+            (tmp / name / "README.md").write_text(model_card(
+                src.path, None, hf.config.architectures[0], False, None, dtype, f"{Path(out).name}-{name}"),
+                encoding="utf-8")
+        apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     classes = {name: hf.config.architectures[0] for name, hf in models.items()}
     log.info("exported ELECTRA %s -> %s/{discriminator,generator} (%s)", src.path, out, ", ".join(classes.values()))
     return {"out": str(out), "class": classes, "task": None, "labels": None, "remote_code": False, "dtype": dtype,

@@ -4,7 +4,8 @@ Input: the dataset's own file (the reader of the checkpoint's ``model.dataset.ta
 tsv, a PubMedQA or BioASQ JSON; its gold labels are not used), or JSON lines ``{"id", "text"}`` with
 ``"text_b"`` for the pair datasets (PubMedQA, BioASQ yes/no: question and context; BIOSSES: the two sentences).
 Output: one JSON line per example in the format ``bio-megatron evaluate <task_name> --pred`` reads:
-``{"id", "label"}``, ``{"id", "score"}`` or ``{"id", "labels": [hallmark indices]}``.
+``{"id", "label"}``, ``{"id", "score"}`` or ``{"id", "labels": [hallmark indices]}``, with the model's confidence
+beside it (:func:`_confidence`: ``probability``/``probabilities``; ``evaluate`` ignores keys it does not read).
 """
 
 from __future__ import annotations
@@ -84,5 +85,19 @@ def predict(loaded: Loaded, examples: list[ClassifyExample], batch_size: int = 3
         dev = loaded.device
         logits = loaded.model(ids.to(dev), mask.to(dev), types.to(dev)).float().cpu()
         outputs = ClassifyTask.decode(d, logits, mask)  # the task's own decoding, as in fine-tuning
-        out.extend(data.prediction(e.id, o) for e, o in zip(examples[b:b + batch_size], outputs))
+        for e, o, row in zip(examples[b:b + batch_size], outputs, logits):
+            out.append({**data.prediction(e.id, o), **_confidence(data, o, row)})
     return out
+
+
+def _confidence(data, output, logits: torch.Tensor) -> dict:
+    """The model's probabilities beside the prediction (``evaluate`` reads only its own key): single-label, the
+    softmax ``probability`` of the predicted label and ``probabilities`` of every label; multi-label (HoC), the
+    sigmoid of every label (those above 0.5 are ``labels``); regression (BIOSSES) has none (its ``score`` is the
+    prediction itself)."""
+    if data.mode == "single":
+        p = logits.softmax(-1).tolist()
+        return {"probability": round(p[output], 6), "probabilities": {t: round(v, 6) for t, v in zip(data.labels, p)}}
+    if data.mode == "multi":
+        return {"probabilities": {t: round(v, 6) for t, v in zip(data.labels, logits.sigmoid().tolist())}}
+    return {}

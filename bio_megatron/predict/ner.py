@@ -4,7 +4,8 @@ character offsets, one JSON object per document.
 Words are cut with BERT's pre-tokenizer (white space and punctuation, as in the IOB training files) whatever
 the vocabulary (a RoBERTa model then encodes each word as in fine-tuning), sentences with the ChemProt
 splitter; a sentence longer than the model's ``max_seq_length`` is cut into pieces that fit. Tags are read
-per word at the first sub-token, chunks follow conlleval's rules.
+per word at the first sub-token, chunks follow conlleval's rules. Each entity's ``score`` is the mean, over its
+words, of the softmax probability of the word's predicted tag at that first sub-token.
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, in
 
 @torch.no_grad()
 def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[dict]:
-    """Entities of one document: ``{"text", "type", "start", "end"}`` with end-exclusive character offsets."""
+    """Entities of one document: ``{"text", "type", "start", "end", "score"}`` with end-exclusive character
+    offsets (``score``: :func:`_word_confidence`, averaged over the entity's words)."""
     if not text.strip():
         return []
     sents = _word_spans(loaded, text)
@@ -89,10 +91,25 @@ def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[di
         dev = loaded.device
         logits = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev))
         pred = NerTask.decode(loaded.cfg.model.dataset, logits, mask)  # the task's own decoding, as in fine-tuning
+        probs = logits.float().softmax(-1).cpu()
         for r, f in enumerate(group):
             spans = sents[b + r]
             tags = [labels[t] for t in word_predictions(pred[r], f)]
+            conf = _word_confidence(probs[r], pred[r], f)
             for ty, s, e in chunks([w for w, _ in spans], tags):
                 start, end = spans[s][1][0], spans[e - 1][1][1]
-                entities.append({"text": text[start:end], "type": ty, "start": start, "end": end})
+                entities.append({"text": text[start:end], "type": ty, "start": start, "end": end,
+                                 "score": round(sum(conf[s:e]) / (e - s), 6)})
     return entities
+
+
+def _word_confidence(probs: torch.Tensor, pred: list[int], feature) -> list[float]:
+    """Per word, the softmax probability of its predicted tag at the sub-token the tag is read from (its first);
+    an entity's ``score`` is the mean over its words. Words without a position (cut) get 0."""
+    out = [0.0] * feature.num_words
+    seen = set()
+    for pos, w in enumerate(feature.word_ids):
+        if w is not None and w not in seen and pos < len(pred):
+            out[w] = float(probs[pos, pred[pos]])
+            seen.add(w)
+    return out

@@ -1,0 +1,160 @@
+"""An exported NER model as a transformers user meets it: ``pipeline("token-classification")`` loaded from the
+folder alone (``HF_HUB_OFFLINE=1``) groups the entities ``bio-megatron predict ner`` finds on the same weights,
+with the same scores; the folder has a model card (the Hub's YAML header, scores of the run's ``results.json``,
+a snippet that runs) and modes that follow the umask (0644/0755 under 022, 0600/0700 under 077).
+
+One tiny 6-step fine-tuning (20 s); its head is then replaced by a seeded random one (in a copy of the export),
+so that the tags mix O, B- and I- over sub-tokens as a badly trained model's do (a 6-step model tags all O)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from ft_runs import finetune_rank
+from harness import run_world
+
+ROOT = Path(__file__).resolve().parents[2]
+BC5CDR = ROOT / "tests" / "fixtures" / "ner" / "bc5cdr_chem_devel_head.tsv"
+TRAIN = ["trainer.max_steps=6", "model.dataset.max_eval_examples=16", "model.dataset.test_file=null",
+         "trainer.val_check_interval=6"]
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
+           "OMP_NUM_THREADS": "1"}
+
+
+def _export(ckpt: Path, out: Path, umask: int) -> None:
+    done = subprocess.run([sys.executable, "-m", "bio_megatron", "export", "hf", "--checkpoint", str(ckpt),
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, env=OFFLINE,
+                          preexec_fn=lambda: os.umask(umask))
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def ner_export(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("ner_export")
+    run_world(1, finetune_rank, "ner", TRAIN + [f"exp_manager.exp_dir={tmp}", "exp_manager.name=run"])
+    ckpt = tmp / "run" / "checkpoints"
+    for mask in (0o022, 0o077):
+        _export(ckpt, tmp / f"hf{mask:03o}", mask)
+    return {"run": tmp / "run", "ckpt": ckpt, "hf": tmp / "hf022", "private": tmp / "hf077", "tmp": tmp}
+
+
+def _modes(folder: Path) -> tuple[set[int], set[int]]:
+    files, dirs = set(), {folder.stat().st_mode & 0o777}
+    for p in folder.rglob("*"):
+        (dirs if p.is_dir() else files).add(p.stat().st_mode & 0o777)
+    return files, dirs
+
+
+def test_exported_files_follow_the_umask(ner_export):
+    assert (ner_export["hf"] / "model.safetensors").is_file()
+    assert _modes(ner_export["hf"]) == ({0o644}, {0o755})  # the weights were 0600 (transformers' temp file)
+    assert _modes(ner_export["private"]) == ({0o600}, {0o700})  # a stricter umask is honoured, not widened
+
+
+def _front_matter(card: str) -> tuple[dict, str]:
+    assert card.startswith("---\n"), card[:200]
+    head, body = card[4:].split("\n---\n", 1)
+    return yaml.safe_load(head), body
+
+
+def test_export_has_a_model_card_with_hub_metadata(ner_export, tmp_path):
+    card = (ner_export["hf"] / "README.md").read_text(encoding="utf-8")
+    meta, body = _front_matter(card)
+    assert meta["library_name"] == "transformers" and meta["language"] == "en"
+    assert meta["pipeline_tag"] == "token-classification"
+    assert {"biomedical", "ner"} <= set(meta["tags"])
+    assert meta["datasets"] == ["bc5cdr_chem_train_head"]
+    dev = json.loads((ner_export["run"] / "results.json").read_text())["dev"]
+    (index,) = meta["model-index"]
+    (result,) = index["results"]
+    assert result["dataset"]["split"] == "validation"
+    got = {m["type"]: m["value"] for m in result["metrics"]}
+    assert set(got) == {"precision", "recall", "f1", "accuracy"} == set(meta["metrics"])
+    assert all(abs(got[k] - dev[k]) < 1e-3 for k in got)
+    assert "`O`, `B-Chemical`, `I-Chemical`" in body and "## How to use" in body
+    # the card's snippet, pointed at the folder, runs offline and finds what the pipeline finds
+    snippet = body.split("```python\n", 1)[1].split("```", 1)[0].replace("PATH_OR_HUB_ID", str(ner_export["hf"]))
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.rstrip().rsplit("\n", 1)[0] + "\nprint(type(ner).__name__)\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 0 and "TokenClassificationPipeline" in done.stdout, done.stderr[-2000:]
+
+
+def _sentences(limit: int) -> list[str]:
+    """Real BC5CDR sentences, words joined by spaces, each one sentence for predict ner's splitter too."""
+    from bio_megatron.tasks.re_data import split_sentences
+
+    out, words = [], []
+    for line in BC5CDR.read_text(encoding="utf-8").splitlines() + [""]:
+        if line.strip():
+            words.append(line.split("\t")[0])
+        elif words:
+            text = " ".join(words)
+            if len(split_sentences(text)) == 1 and len(words) < 60:
+                out.append(text)
+            words = []
+    return out[:limit]
+
+
+def _random_head(src: Path, dst: Path) -> None:
+    """A copy of ``src`` whose classifier is seeded noise centred on these sentences: O, B- and I- mixed."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer, MegatronBertModel
+
+    shutil.copytree(src, dst)
+    sd = load_file(dst / "model.safetensors")
+    tok, enc_model = AutoTokenizer.from_pretrained(dst), MegatronBertModel.from_pretrained(dst).eval()
+    enc = tok(_sentences(40), padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = enc_model(**enc).last_hidden_state[enc["attention_mask"].bool()]
+    weight = torch.randn(sd["classifier.weight"].shape, generator=torch.Generator().manual_seed(0)) * 0.3
+    sd["classifier.weight"], sd["classifier.bias"] = weight, -(hidden.mean(0) @ weight.T)
+    save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
+
+
+PIPELINE = """
+import json, sys
+from transformers import pipeline
+folder, strategy, texts = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
+pipe = pipeline("token-classification", model=folder, aggregation_strategy=strategy, device="cpu")
+print(json.dumps([[{"type": e["entity_group"], "start": int(e["start"]), "end": int(e["end"]),
+                    "score": float(e["score"])} for e in pipe(t)] for t in texts]))
+"""
+
+
+def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
+    """``aggregation_strategy="first"`` reads each word's tag at its first sub-token as fine-tuning and
+    ``predict ner`` do: the same spans, types and scores (predict's entity score is the mean, over the entity's
+    words, of that tag's probability; the pipeline's group score is the same mean)."""
+    hf = tmp_path / "hf_random"
+    _random_head(ner_export["hf"], hf)
+    texts = _sentences(40)
+    assert len(texts) >= 20
+    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "bio_megatron", "predict", "ner", "--checkpoint", str(hf), "--input",
+                           str(tmp_path / "docs.txt"), "--out", str(tmp_path / "pred.jsonl")],
+                          capture_output=True, text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ours = [json.loads(line)["entities"] for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    done = subprocess.run([sys.executable, "-c", PIPELINE, str(hf), "first", str(tmp_path / "texts.json")],
+                          capture_output=True, text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    n_entities = sum(map(len, ours))
+    multi_word = sum(1 for doc in ours for e in doc if " " in e["text"])
+    assert n_entities >= 50 and multi_word >= 5, (n_entities, multi_word)  # the head tags a real mixture
+    for text, mine, pipe in zip(texts, ours, theirs):
+        assert [(e["type"], e["start"], e["end"]) for e in mine] == [(e["type"], e["start"], e["end"]) for e in pipe], \
+            text
+        for e, p in zip(mine, pipe):
+            assert 0.0 < e["score"] <= 1.0 and abs(e["score"] - p["score"]) < 1e-4, (text, e, p)
+            assert e["text"] == text[e["start"]:e["end"]]
