@@ -218,8 +218,8 @@ def test_unused_recompute_layer_count_of_nemo_1x(pubmed_prefix, capsys):
     assert rc == 2 and "activations_checkpoint_num_layers (2)" in msg
 
 
-@pytest.mark.parametrize("path", [NEMO / "text_classification_config.yaml",
-                                  NEMO / "v1" / "text_classification_config.v1.0.0.yaml"], ids=["2.4", "1.0"])
+@pytest.mark.parametrize("path", [p for p in FILES if p.name.startswith("text_classification_config")],
+                         ids=lambda p: p.name)
 def test_classify_reads_text_classification_config(path, capsys):
     """``finetune classify`` with NeMo's text_classification_config.yaml: no key the user never wrote
     (``model.dataset.format``) is added and then refused."""
