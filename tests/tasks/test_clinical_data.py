@@ -227,3 +227,13 @@ def test_finetune_ner_on_blue_format_learns_and_scores_untyped_entities(tmp_path
     assert sum(losses[-5:]) / 5 < 0.7 * losses[0], losses
     labels = (tmp_path / "blue").rglob("label_ids.csv")
     assert [p.read_text().split() for p in labels][0] == ["O", "B", "I"]  # BLUE's untyped tags, pad label first
+
+
+def test_bc5cdr_blue_recipe_resolves_with_bio_lm_protocol(capsys):
+    recipe = ROOT / "nemo_configs" / "ner" / "bc5cdr_chem_blue.yaml"
+    rc, msg = run_cli(["finetune", "ner", "--config", str(recipe), "--dry-run", f"model.dataset.data_dir={BLUE_NER}",
+                       "model.dataset.dev_file=devel.tsv"], logging.ERROR, " | ")
+    assert rc == 0, msg
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["model"]["dataset"]["format"] == "blue" and cfg["model"]["optim"]["lr"] == 1e-5
+    assert (cfg["trainer"]["max_epochs"], cfg["trainer"]["val_check_interval"]) == (20, 500)
