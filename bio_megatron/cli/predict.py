@@ -12,7 +12,8 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers, BLURB classes)")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
-    ner = tasks.add_parser("ner", help="entities with character offsets, one JSON line per document")
+    ner = tasks.add_parser("ner", help="entities with character offsets and a score (mean probability of the "
+                                       "entity's word tags), one JSON line per document")
     ner.add_argument("--checkpoint", required=True, help="fine-tuned NER checkpoint or HF token-classification folder")
     ner.add_argument("--input", required=True, help="text.txt (one document per line) or docs.jsonl ({id, text})")
     ner.add_argument("--out", help="output JSON lines (written atomically); default stdout")
@@ -20,10 +21,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     qa = tasks.add_parser("qa", help="answers to questions over given contexts")
     qa.add_argument("--checkpoint", required=True, help="fine-tuned QA checkpoint or HF question-answering folder")
     qa.add_argument("--input", required=True, help="SQuAD-format JSON or JSON lines ({id, question, context})")
-    qa.add_argument("--out", help="predictions JSON (id -> answer); the n-best lists go beside it as *.nbest.json")
+    qa.add_argument("--out", help="predictions JSON (id -> answer); the n-best lists, each answer with its "
+                    "probability, go beside it as *.nbest.json")
     qa.set_defaults(func=run_qa)
     cls = tasks.add_parser("classify", help="BLURB classification / similarity / hallmarks, JSON lines that "
-                                            "`bio-megatron evaluate <task_name> --pred` reads")
+                                            "`bio-megatron evaluate <task_name> --pred` reads, with the label "
+                                            "probabilities (softmax; sigmoid per label for HoC)")
     cls.add_argument("--checkpoint", required=True, help="fine-tuned classify checkpoint (run dir, checkpoints/ ...)")
     cls.add_argument("--input", required=True, help="the dataset's own file (the checkpoint's task_name: GAD/DDI/HoC/"
                      "BIOSSES tsv, PubMedQA/BioASQ JSON) or JSON lines {id, text[, text_b]}")
