@@ -18,6 +18,7 @@ from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetu
 from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.classify import ClassifyTask
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode
+from bio_megatron.tasks.clinical_data import is_mednli_release
 from bio_megatron.utils.errors import DataError
 
 
@@ -46,7 +47,7 @@ def read_examples(path: str | Path, dataset_cfg) -> list[ClassifyExample]:
     task_name = dataset_cfg.task_name
     data = dataset(task_name)
     path = Path(path)
-    if path.suffix != ".jsonl":
+    if path.suffix != ".jsonl" or (task_name == "mednli" and is_mednli_release(path)):  # MedNLI ships .jsonl
         return data.examples(path, **data.reader_options(dataset_cfg))
     want = '{"id", "text", "text_b"}' if data.pair else '{"id", "text"}'
     out, seen = [], set()

@@ -144,3 +144,16 @@ EVALUATORS: dict[str, Evaluator] = {
     "clinicalsts": Evaluator("ClinicalSTS Pearson correlation", _STS,
                              _JSONL + '{"id": "<line number in the gold file>", "score": <number>}', _clinicalsts),
 }
+
+
+def is_mednli_release(path: Path | str) -> bool:
+    """Whether a ``.jsonl`` file is in MedNLI's release layout (its first record has ``sentence1``), not the
+    ``{"id", "text", "text_b"}`` lines ``predict classify`` otherwise reads; an unreadable file is not."""
+    try:
+        for _, line in iter_lines(path, _MEDNLI):
+            if line.strip():
+                record = json.loads(line)
+                return isinstance(record, dict) and "sentence1" in record
+    except (DataError, json.JSONDecodeError):
+        return False  # the caller's own reader reports the problem with its line
+    return False

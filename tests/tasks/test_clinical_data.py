@@ -154,11 +154,14 @@ def test_finetune_classify_on_clinical_format_and_evaluate_reproduces_test_score
     gold = folder / pattern.format("train")
     assert main(["evaluate", task_name, "--gold", str(gold), "--pred", res["test_predictions"]]) == 0
     assert json.loads(capsys.readouterr().out) == res["test"]
-    if task_name == "clinicalsts":  # predict classify reads the release's .txt as training did
-        (rc,) = run_world(1, _predict, res["checkpoint"], str(gold), str(tmp_path / "pred.jsonl"))
-        written = [json.loads(x) for x in Path(res["test_predictions"]).read_text().splitlines()]
-        predicted = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
-        assert rc == 0 and [p["id"] for p in predicted] == [w["id"] for w in written]
+    # predict classify reads the release file (MedNLI's .jsonl, ClinicalSTS's .txt) as training did
+    (rc,) = run_world(1, _predict, res["checkpoint"], str(gold), str(tmp_path / "pred.jsonl"))
+    written = [json.loads(x) for x in Path(res["test_predictions"]).read_text().splitlines()]
+    predicted = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert rc == 0 and [p["id"] for p in predicted] == [w["id"] for w in written]
+    if task_name == "mednli":
+        assert [p["label"] for p in predicted] == [w["label"] for w in written]
+    else:  # a score up to batch-composition rounding
         assert max(abs(p["score"] - w["score"]) for p, w in zip(predicted, written)) < 1e-5
 
 
