@@ -214,8 +214,11 @@ def unflatten(flat: dict[str, Any]) -> dict:
         node = out
         *parents, leaf = key.split(".")
         for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = v
+            if node.get(p) is None:  # a null section (NeMo 1.x: ``tokenizer: null``) that a mapping fills
+                node[p] = {}
+            node = node[p]
+        if not (v is None and isinstance(node.get(leaf), dict)):
+            node[leaf] = v
     return out
 
 
@@ -264,6 +267,9 @@ def translate(doc: dict, task: str, cli_keys: set[str] = frozenset(), world_size
     ``task`` is ``pretrain``, ``ner``, ``re``, ``classify`` or ``qa``; ``cli_keys`` are the dotted keys given on the
     command line; ``world_size`` (when known) turns NeMo's per-GPU batch size into our global batch."""
     d = _Doc(flatten(doc), set(cli_keys))
+    if task == "pretrain" and any(k.startswith(("model.train_ds.", "model.only_mlm_loss")) for k in d.flat):
+        # One line instead of a dozen unknown keys: a different model and data format, not other key names.
+        return {}, [_BERTLM_REFUSAL], {}
     for key in list(d.flat):  # our own keys pass through first, so a NeMo alias meets them in ``set``
         if not _is_nemo_key(key, task):
             d.set(key, d.flat.pop(key), key)
@@ -286,6 +292,12 @@ def translate(doc: dict, task: str, cli_keys: set[str] = frozenset(), world_size
     d.problems += [f"{src} is mandatory ({MISSING} in the config): give it on the command line, {src}=VALUE"
                    for target, src in d.source.items() if d.out[target] == MISSING]
     return unflatten(d.out), d.problems, d.ignored
+
+
+_BERTLM_REFUSAL = ("model.train_ds: this is NeMo 1.x's bert_pretraining_from_text/_preprocessed config (BERTLMModel, "
+                   "a Hugging Face BERT trained on raw text or HDF5); pretraining here is Megatron BERT on indexed "
+                   "data: start from NeMo's megatron_bert_config.yaml (1.6 and later) or this project's recipes, with "
+                   "data from `bio-megatron data tokenize` in model.data.data_prefix")
 
 
 def _is_nemo_key(key: str, task: str) -> bool:

@@ -25,7 +25,10 @@ from reliability.cli_log import project_records
 ROOT = Path(__file__).resolve().parents[2]
 NEMO = ROOT / "tests" / "fixtures" / "nemo_configs"
 FIX = ROOT / "tests" / "fixtures"
-FILES = sorted((NEMO / "v1").glob("*.yaml")) + sorted(NEMO.glob("*.yaml"))
+FILES = [p for p in sorted((NEMO / "v1").glob("*.yaml")) + sorted(NEMO.glob("*.yaml"))
+         if not p.name.startswith("bert_pretraining_")]
+# NeMo 1.x's Hugging Face-based BERTLMModel pretraining: another model and data format, refused in one line.
+BERTLM = sorted((NEMO / "v1").glob("bert_pretraining_*.yaml"))
 TASK = {"megatron_bert_config": "pretrain", "token_classification_config": "ner",
         "text_classification_config": "re", "qa_conf": "qa", "question_answering_squad_config": "qa"}
 
@@ -256,3 +259,16 @@ def test_cli_process_warns_once_per_key(data):
     for key in ("trainer.amp_level", "trainer.checkpoint_callback", "trainer.resume_from_checkpoint",
                 "trainer.accelerator"):
         assert proc.stderr.count(key) == 1, (key, proc.stderr)
+
+
+@pytest.mark.parametrize("path", BERTLM, ids=lambda p: p.name)
+def test_bertlm_pretraining_config_is_refused_in_one_line(path, capsys):
+    """NeMo 1.x's bert_pretraining_from_text/_preprocessed configs: one line that says what they are and where to
+    start instead (not a dozen unknown keys, not a traceback from their ``tokenizer: null``)."""
+    rc, out, records = _run(["pretrain", "--config", str(path), "--dry-run", "model.train_ds.data_file=/d/train.txt",
+                             "trainer.max_steps=10"], capsys)
+    errors = [r.getMessage() for r in records if r.levelno >= logging.ERROR]
+    assert rc == 2 and out is None and len(errors) == 1
+    problems = errors[0].splitlines()[1:]
+    assert len(problems) == 1 and "BERTLMModel" in problems[0] and "megatron_bert_config.yaml" in problems[0]
+    assert "bio-megatron data tokenize" in problems[0]
