@@ -47,8 +47,8 @@ def _results(checkpoint: Path) -> dict:
             return {}
         if not isinstance(res, dict):
             return {}
-        named = res.get("checkpoint")  # an earlier best checkpoint's scores are not this one's
-        return res if named is None or Path(str(named)).resolve() == checkpoint.resolve() else {}
+        named = res.get("checkpoint")  # an earlier best checkpoint's scores (or a sweep's summary) are not this one's
+        return res if named and Path(str(named)).resolve() == checkpoint.resolve() else {}
     return {}
 
 
@@ -71,12 +71,18 @@ def card_fields(checkpoint: str | Path, task: str | None) -> dict:
     base = model.get("restore_from_path")
     dataset = data.get("task_name") or (Path(str(data["train_file"])).stem if data.get("train_file") else None)
     res = _results(checkpoint)
+    prefixes = (model.get("data") or {}).get("data_prefix") if task is None else None  # pretraining: weight, path...
+    corpus = [str(p) for p in prefixes if not isinstance(p, (int, float))] if isinstance(prefixes, list) else []
     return {"base": str(base) if base else None, "dataset": dataset, "data_dir": data.get("data_dir"),
-            "train_file": data.get("train_file"), "dev": _scores(res.get("dev")), "test": _scores(res.get("test"))}
+            "train_file": data.get("train_file"), "corpus": corpus,
+            "dev": _scores(res.get("dev")), "test": _scores(res.get("test"))}
 
 
 def metadata(fields: dict, task: str | None, cls: str, name: str) -> dict:
-    meta: dict = {"library_name": "transformers", "language": "en", "pipeline_tag": PIPELINE_TAG.get(task, "fill-mask")}
+    tag = PIPELINE_TAG.get(task, "fill-mask")
+    if cls == "ElectraForPreTraining":  # a discriminator: replaced-token detection, no masked-LM head
+        tag = "feature-extraction"
+    meta: dict = {"library_name": "transformers", "language": "en", "pipeline_tag": tag}
     family = "bert" if cls.startswith("Bert") else "roberta" if cls.startswith("Roberta") else \
         "electra" if cls.startswith("Electra") else "megatron-bert"
     meta["tags"] = ["biomedical", "bio-megatron", family] + ([task] if task else ["pretraining"])
@@ -96,7 +102,7 @@ def metadata(fields: dict, task: str | None, cls: str, name: str) -> dict:
     return meta
 
 
-def _usage(task: str | None, remote: bool) -> str:
+def _usage(task: str | None, remote: bool, cls: str) -> str:
     trust = ", trust_remote_code=True" if remote else ""
     if task == "ner":  # "first": the tag of each word's first sub-token, as in fine-tuning and `predict ner`
         return ("from transformers import pipeline\n\n"
@@ -111,9 +117,9 @@ def _usage(task: str | None, remote: bool) -> str:
         return ("from transformers import pipeline\n\n"
                 f"classify = pipeline(\"text-classification\", model=\"PATH_OR_HUB_ID\", top_k=None{trust})\n"
                 "classify(\"@CHEMICAL$ reverses the effect of @GENE$.\")")
-    return ("from transformers import AutoModelForMaskedLM, AutoTokenizer\n\n"
+    return (f"from transformers import AutoTokenizer, {cls}\n\n"  # the exact class: ELECTRA's discriminator has no MLM
             "tokenizer = AutoTokenizer.from_pretrained(\"PATH_OR_HUB_ID\")\n"
-            "model = AutoModelForMaskedLM.from_pretrained(\"PATH_OR_HUB_ID\")")
+            f"model = {cls}.from_pretrained(\"PATH_OR_HUB_ID\")")
 
 
 def model_card(checkpoint: str | Path, task: str | None, cls: str, remote: bool, labels: list[str] | None,
@@ -132,6 +138,8 @@ def model_card(checkpoint: str | Path, task: str | None, cls: str, remote: bool,
     if fields["dataset"]:
         where = f" (`{fields['data_dir']}/{fields['train_file']}`)" if fields["train_file"] else ""
         lines.append(f"Fine-tuned on `{fields['dataset']}`{where}.")
+    elif fields["corpus"]:
+        lines.append("Pretrained on the indexed corpus " + ", ".join(f"`{p}`" for p in fields["corpus"]) + ".")
     else:
         lines.append("The training data is not recorded in the checkpoint.")
     if fields["base"]:
@@ -143,7 +151,7 @@ def model_card(checkpoint: str | Path, task: str | None, cls: str, remote: bool,
         lines += [f"| {m} | {fields['dev'].get(m, '')} | {fields['test'].get(m, '')} |" for m in names]
     else:
         lines.append("No scores recorded for this checkpoint (no matching `results.json` beside it).")
-    lines += ["", "## How to use", "", "```python", _usage(task, remote), "```", "",
+    lines += ["", "## How to use", "", "```python", _usage(task, remote, cls), "```", "",
               f"Exported from `{Path(checkpoint).name}` by `bio-megatron export hf`; "
               "`bio_megatron_export.json` records the source.", ""]
     return "\n".join(lines)

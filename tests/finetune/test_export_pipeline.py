@@ -3,8 +3,9 @@ folder alone (``HF_HUB_OFFLINE=1``) groups the entities ``bio-megatron predict n
 with the same scores; the folder has a model card (the Hub's YAML header, scores of the run's ``results.json``,
 a snippet that runs) and modes that follow the umask (0644/0755 under 022, 0600/0700 under 077).
 
-One tiny 6-step fine-tuning (20 s); its head is then replaced by a seeded random one (in a copy of the export),
-so that the tags mix O, B- and I- over sub-tokens as a badly trained model's do (a 6-step model tags all O)."""
+One tiny 6-step fine-tuning (20 s; a 2-step pretraining for its card); its head is then replaced by a seeded random
+one (in a copy of the export), so that the tags mix O, B- and I- over sub-tokens as a badly trained model's do (a
+6-step model tags all O)."""
 
 from __future__ import annotations
 
@@ -158,3 +159,21 @@ def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
         for e, p in zip(mine, pipe):
             assert 0.0 < e["score"] <= 1.0 and abs(e["score"] - p["score"]) < 1e-4, (text, e, p)
             assert e["text"] == text[e["start"]:e["end"]]
+
+
+def test_pretraining_export_card_loads_the_exported_class(pubmed_prefix, tmp_path):
+    """A pretraining checkpoint's card: fill-mask, the corpus it read, and a snippet naming the folder's own class
+    (an ELECTRA discriminator has no masked-LM head for AutoModelForMaskedLM to find) that runs offline."""
+    from engine.pretrain_runs import overrides, pretrain_rank
+
+    run_world(1, pretrain_rank, overrides(pubmed_prefix, tmp_path, "pt", steps=2, save_last=True))
+    _export(tmp_path / "pt" / "checkpoints", tmp_path / "hf", 0o022)
+    meta, body = _front_matter((tmp_path / "hf" / "README.md").read_text(encoding="utf-8"))
+    assert meta["pipeline_tag"] == "fill-mask" and "pretraining" in meta["tags"] and "model-index" not in meta
+    assert f"`{pubmed_prefix}`" in body
+    cls = json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"][0]
+    snippet = body.split("```python\n", 1)[1].split("```", 1)[0].replace("PATH_OR_HUB_ID", str(tmp_path / "hf"))
+    assert f"{cls}.from_pretrained" in snippet
+    done = subprocess.run([sys.executable, "-c", snippet + "\nprint(type(model).__name__)\n"], capture_output=True,
+                          text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 0 and done.stdout.strip().endswith(cls), done.stderr[-2000:]
