@@ -55,7 +55,7 @@ import yaml
 from bio_megatron.export.folder_modes import apply_umask_modes
 from bio_megatron.export.hf_heads import (head_settings, head_to_hf, plain_class, remote_config_fields,
                                           write_remote_code)
-from bio_megatron.export.model_card import model_card
+from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
@@ -104,6 +104,8 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype ({dtype!r}) must be one of {', '.join(EXPORT_DTYPES)}")
     check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
+    if overwrite:
+        refuse_edited_card(out)
     single_process()
     src = resolve_source(checkpoint)
     if src.kind != "checkpoint":
@@ -132,11 +134,11 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
         _save_tokenizer(tmp, src.vocab_file, tok_lower)
         if labels:
             (tmp / "label_ids.csv").write_text("\n".join(labels) + "\n", encoding="utf-8")
+        card = model_card(src.path, src.task, cls, remote, labels, dtype, Path(out).name)
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         (tmp / "bio_megatron_export.json").write_text(json.dumps(
-            {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote, "dtype": dtype},
-            indent=2) + "\n")
-        (tmp / "README.md").write_text(model_card(src.path, src.task, cls, remote, labels, dtype, Path(out).name),
-                                       encoding="utf-8")
+            {"source": str(src.path), "task": src.task, "class": cls, "remote_code": remote, "dtype": dtype,
+             CARD_DIGEST_KEY: card_digest(card)}, indent=2) + "\n")
         apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     log.info("exported %s -> %s (%s%s)", src.path, out, cls, ", trust_remote_code=True to load" if remote else "")
     return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote, "dtype": dtype}

@@ -11,6 +11,7 @@ Nothing here is invented: a key whose value is unknown is left out.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -155,3 +156,27 @@ def model_card(checkpoint: str | Path, task: str | None, cls: str, remote: bool,
               f"Exported from `{Path(checkpoint).name}` by `bio-megatron export hf`; "
               "`bio_megatron_export.json` records the source.", ""]
     return "\n".join(lines)
+
+
+CARD_DIGEST_KEY = "model_card_sha256"  # in bio_megatron_export.json: tells our card from one the user edited
+
+
+def card_digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def refuse_edited_card(out: str | Path) -> None:
+    """Before ``--overwrite`` replaces an earlier export: a ``README.md`` that is no longer the card we wrote
+    (users fill in model cards) is refused, one line, instead of being replaced with a fresh one."""
+    from bio_megatron.utils.errors import OutputError
+
+    card, info = Path(out) / "README.md", Path(out) / "bio_megatron_export.json"
+    if not card.is_file() or not info.is_file():
+        return
+    try:
+        recorded = json.loads(info.read_text(encoding="utf-8")).get(CARD_DIGEST_KEY)
+    except (OSError, ValueError, AttributeError):
+        return  # not our export record: the output marker's own check decides
+    if recorded and hashlib.sha256(card.read_bytes()).hexdigest() != recorded:
+        raise OutputError(f"{card}: edited since `export hf` wrote it; --overwrite would replace it with a new "
+                          "card: move it away (or merge it in afterwards) or choose a new folder")

@@ -177,3 +177,22 @@ def test_pretraining_export_card_loads_the_exported_class(pubmed_prefix, tmp_pat
     done = subprocess.run([sys.executable, "-c", snippet + "\nprint(type(model).__name__)\n"], capture_output=True,
                           text=True, timeout=300, env=OFFLINE)
     assert done.returncode == 0 and done.stdout.strip().endswith(cls), done.stderr[-2000:]
+
+
+def test_overwrite_refuses_a_model_card_the_user_edited(ner_export):
+    """Users fill in model cards: ``--overwrite`` of an export whose README.md is no longer the card we wrote is
+    one line, exit 2, the folder untouched; the unedited card is replaced as before."""
+    from reliability.files import tree_digest
+
+    out = ner_export["tmp"] / "edited"
+    shutil.copytree(ner_export["hf"], out)
+    argv = [sys.executable, "-m", "bio_megatron", "export", "hf", "--checkpoint", str(ner_export["ckpt"]),
+            "--out", str(out), "--overwrite"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 0, done.stderr[-2000:]  # our own card: replaced
+    card = out / "README.md"
+    card.write_text(card.read_text(encoding="utf-8") + "\n## Intended use\nResearch only.\n", encoding="utf-8")
+    before = tree_digest(out)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=OFFLINE)
+    assert done.returncode == 2 and f"{card}: edited since" in done.stderr, done.stderr[-2000:]
+    assert tree_digest(out) == before

@@ -313,15 +313,15 @@ def test_overwrite_keeps_files_the_user_added_to_an_export(ckpts, tmp_path):
     assert _forked("export", "hf", "--checkpoint", str(ckpts["ckpt0"]), "--out", str(out))["rc"] == 0
     marker = json.loads((out / OUTPUT_MARKER).read_text())
     assert "model.safetensors" in marker["files"] and OUTPUT_MARKER not in marker["files"]
-    (out / "README.md").write_text("# my model card\n")
+    (out / "NOTES.md").write_text("# my notes\n")  # (an edited README.md: test_export_pipeline.py)
     (out / "eval").mkdir()
     (out / "eval" / "scores.json").write_text('{"f1": 0.9}\n')
     before = tree_digest(out)
     rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite"])
-    assert rc == 2 and str(out) in msg and "2 file(s)" in msg and "README.md, eval/scores.json" in msg, msg
+    assert rc == 2 and str(out) in msg and "2 file(s)" in msg and "NOTES.md, eval/scores.json" in msg, msg
     assert tree_digest(out) == before and _siblings(out) == []
     # The same folder without the user's files is ours again: replaced.
-    (out / "README.md").unlink()
+    (out / "NOTES.md").unlink()
     (out / "eval" / "scores.json").unlink()
     (out / "eval").rmdir()
     res = _cli("export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite")
