@@ -231,9 +231,12 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
     from bio_megatron.config.pretrain import electra_shapes
     from bio_megatron.export.folder_modes import apply_umask_modes
     from bio_megatron.export.hf import EXPORT_COMMAND, EXPORT_DTYPES, _save_tokenizer
-    from bio_megatron.export.model_card import model_card
+    from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
     from bio_megatron.vocab.bpe import BPETokenizer
 
+    if overwrite:  # a card the user edited in either folder is not replaced silently
+        for name in SUBFOLDERS:
+            refuse_edited_card(Path(out) / name)
     model, m, tok = load_electra(src)
     if isinstance(tok, BPETokenizer):
         raise CheckpointError(f"{src.path}: a byte-level BPE vocabulary; Hugging Face's ELECTRA classes tokenize "
@@ -255,12 +258,12 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
         for name, hf in models.items():
             hf.save_pretrained(str(tmp / name), safe_serialization=True)
             _save_tokenizer(tmp / name, src.vocab_file, tok.lowercase)
+            card = model_card(src.path, None, hf.config.architectures[0], False, None, dtype,
+                              f"{Path(out).name}-{name}")
+            (tmp / name / "README.md").write_text(card, encoding="utf-8")
             (tmp / name / "bio_megatron_export.json").write_text(json.dumps(
                 {"source": str(src.path), "task": None, "class": hf.config.architectures[0], "remote_code": False,
-                 "dtype": dtype}, indent=2) + "\n")
-            (tmp / name / "README.md").write_text(model_card(
-                src.path, None, hf.config.architectures[0], False, None, dtype, f"{Path(out).name}-{name}"),
-                encoding="utf-8")
+                 "dtype": dtype, CARD_DIGEST_KEY: card_digest(card)}, indent=2) + "\n")
         apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     classes = {name: hf.config.architectures[0] for name, hf in models.items()}
     log.info("exported ELECTRA %s -> %s/{discriminator,generator} (%s)", src.path, out, ", ".join(classes.values()))
