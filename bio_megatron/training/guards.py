@@ -75,6 +75,9 @@ def params_finite(model) -> bool:
 # A ``checkpoints/`` folder alone is not enough: it is a common name, and fine-tuning deletes the one it finds.
 _RUN_FILES = {"pretrain": ("status.json", "metrics.jsonl"), "finetune": ("results.json", "resume")}
 _IGNORED = ("run.lock", OUTPUT_MARKER)
+# slurm/common.sh marks each launch of a job in the run folder (``.launch-<job>-<restart>``) before the trainer
+# starts, so that a status.json from an earlier attempt does not trigger a requeue: ours, not the user's.
+_LAUNCH_MARKER_PREFIX = ".launch-"
 
 
 def _marker(run_dir: Path) -> dict | None:
@@ -101,7 +104,7 @@ def check_run_dir(run_dir: Path, command: str) -> None:
         raise OutputError(f"{run_dir}: the run folder ({key}) exists and is not a folder; choose another "
                           "exp_manager.name")
     try:
-        names = [n for n in os.listdir(run_dir) if n not in _IGNORED]
+        names = [n for n in os.listdir(run_dir) if n not in _IGNORED and not n.startswith(_LAUNCH_MARKER_PREFIX)]
     except OSError as exc:
         raise OutputError(f"{run_dir}: the run folder cannot be read ({exc.strerror})") from None
     marker = _marker(run_dir)
@@ -119,7 +122,8 @@ def check_run_dir(run_dir: Path, command: str) -> None:
                       "choose another exp_manager.name or exp_manager.exp_dir")
 
 
-_SWEEP_ENTRY = re.compile(r"(layers\d+_width\d+|seed-?\d+|results\.json|results\.md)")
+# what a sweep writes, and the SLURM launch markers (see _LAUNCH_MARKER_PREFIX)
+_SWEEP_ENTRY = re.compile(r"(layers\d+_width\d+|seed-?\d+|results\.json|results\.md|\.launch-.+)")
 
 
 def check_sweep_dir(folder: Path) -> None:

@@ -135,3 +135,22 @@ def test_demo_does_not_delete_files_added_to_its_earlier_run(tmp_path):
     rc, msg = run_cli(["demo", "--out", str(tmp_path / "demo")])
     assert rc == 2 and "notes.txt" in msg and str(run_dir) in msg
     assert (run_dir / "notes.txt").read_text() == "what I saw in this run\n"
+
+
+def test_slurm_launch_markers_are_ours(tmp_path):
+    """slurm/common.sh touches `.launch-<job>-<restart>` in the run folder before the trainer starts: a folder holding
+    only that is a new run (pretraining and a fine-tuning sweep), while a user's file beside it is still refused."""
+    from bio_megatron.training.guards import check_run_dir, check_sweep_dir
+    from bio_megatron.utils.errors import OutputError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".launch-9-0").touch()
+    check_run_dir(run, "pretrain")
+    check_run_dir(run, "finetune")
+    check_sweep_dir(run)
+    (run / "notes.txt").write_text("mine\n")
+    with pytest.raises(OutputError, match="notes.txt"):
+        check_run_dir(run, "pretrain")
+    with pytest.raises(OutputError, match="notes.txt"):
+        check_sweep_dir(run)
