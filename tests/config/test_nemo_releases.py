@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from bio_megatron.cli import main
-from reliability.cli_log import project_records
+from config.test_nemo_configs import _run  # the CLI in-process: exit code, printed JSON, project records
 
 ROOT = Path(__file__).resolve().parents[2]
 NEMO = ROOT / "tests" / "fixtures" / "nemo_configs"
@@ -83,14 +82,6 @@ def _user_overrides(task: str, flat: dict, data: dict[str, Path], prefix: Path) 
         return out + ["model.dataset.num_classes=2", f"model.train_ds.file_path={data['re']}",
                       f"model.validation_ds.file_path={data['re']}"]
     return out + [f"model.train_ds.file={data['qa']}", f"model.validation_ds.file={data['qa']}"]
-
-
-def _run(argv: list[str], capsys) -> tuple[int, dict | None, list[logging.LogRecord]]:
-    capsys.readouterr()
-    with project_records() as records:
-        rc = main(argv)
-    out = capsys.readouterr().out
-    return rc, (json.loads(out) if out.strip() else None), records
 
 
 def _no_effect(records: list[logging.LogRecord]) -> dict[str, str]:
