@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.input_files import check_input_file
 
 # A NUL byte never occurs in UTF-8 text we read, and almost always in the first few KB of a binary file
 # (checkpoints, .bin shards, gzip): checking a prefix keeps the test cheap on big text files.
@@ -23,9 +24,10 @@ def _existing_file(path: str | Path, expected: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise DataError(f"is a directory (expected {expected})", str(path))
-    if not path.is_file():
-        raise DataError(f"file not found (expected {expected})", str(path))
-    return path
+    # the one input check (utils/input_files.py): a FIFO, a symlink loop, a broken link or an unreadable file is
+    # named as what it is, not "not found"; empty files are each reader's own error
+    return check_input_file(path, f"input (expected {expected})", missing=f"file not found (expected {expected})",
+                            empty=None)
 
 
 def _binary_error(path: Path, head: bytes, expected: str) -> DataError | None:

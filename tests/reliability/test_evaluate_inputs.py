@@ -236,3 +236,15 @@ def test_mention_overlap_without_mentions_is_refused(capsys, tmp_path):
 def test_good_input_still_scores(capsys):
     rc, out, _ = _run(capsys, ["evaluate", "ner", "--input", str(CONLL)])
     assert rc == 0 and 0 < json.loads(out)["f1"] < 100
+
+
+def test_fifo_gold_is_named_not_missing(tmp_path):
+    """evaluate's readers go through the one input check: a FIFO was reported as 'file not found'."""
+    import os
+
+    fifo = tmp_path / "gold.txt"
+    os.mkfifo(fifo)
+    pred = tmp_path / "pred.txt"
+    pred.write_text("yes\n")
+    rc, msg = run_cli(["evaluate", "pubmedqa", "--gold", str(fifo), "--pred", str(pred)])
+    assert rc == 2 and "FIFO" in msg and str(fifo) in msg, msg
