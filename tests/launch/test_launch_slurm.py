@@ -103,7 +103,9 @@ def assert_pyxis_flags_reached_every_node(cluster, job: str, tiny_corpus: Path, 
 @pytest.mark.slurm
 @pytest.mark.slow
 @pytest.mark.parametrize("command, run_name", [
-    pytest.param(PREEMPT_JOB, "slurm-preempt", id="srun-bare-metal"),
+    # the same requeue path as the pyxis case below, launched with srun as test_sbatch_srun_two_nodes_... does;
+    # extended: 50 s of the default suite
+    pytest.param(PREEMPT_JOB, "slurm-preempt", id="srun-bare-metal", marks=pytest.mark.extended),
     pytest.param(PYXIS_TORCHRUN_JOB, "slurm-pyxis-torchrun", id="torchrun-pyxis"),
 ])
 def test_preemption_checkpoints_requeues_and_resumes_to_the_same_loss(command, run_name, slurm_cluster, reference_run,
