@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 from typing import Iterator
 
 import torch
@@ -76,15 +77,7 @@ def fallback_norms(config: TransformerConfig) -> Iterator[None]:
     if not config.sequence_parallel:
         yield
         return
-    from megatron.core.models.bert import bert_lm_head
-    from megatron.core.transformer import transformer_block
+    from bio_megatron.parallel import seam
 
-    saved = [(mod, name, getattr(mod, name)) for mod, name in ((transformer_block, "LayerNormImpl"),
-                                                               (bert_lm_head, "LNImpl"))]
-    for mod, name, impl in saved:
-        setattr(mod, name, norm_class(config, impl))
-    try:
+    with seam.install("build", norm_for=functools.partial(norm_class, config)):  # the seam's norm_swap rows
         yield
-    finally:
-        for mod, name, impl in saved:
-            setattr(mod, name, impl)

@@ -2,8 +2,9 @@
 
 Adapted from the project's measured reference (shared/reference/megatron-cpu/mcore_cpu_shim.py).
 
-Call ``install()`` in every process BEFORE building models / optimizers / schedules
-(it is idempotent). It does five things:
+Installed by :func:`bio_megatron.parallel.seam.install` (``install("process")``, which
+:func:`bio_megatron.parallel.distributed.init_distributed` calls in every process BEFORE building models /
+optimizers / schedules; idempotent), from the seam's table of replacements. Five things:
 
 1. Redirects megatron-core's CUDA tensor creation to the CPU, in megatron-core's own modules only
    (:mod:`bio_megatron.parallel.device_redirect`): their global ``torch`` is a view of torch whose tensor
@@ -28,7 +29,7 @@ Call ``install()`` in every process BEFORE building models / optimizers / schedu
    fp32 tensors (asserts/branches at clip_grads.py:174, distrib_optimizer.py:401/466/758,
    optimizer.py:1009), patched in :mod:`bio_megatron.parallel.device_redirect`.
 5. Without apex/TE (also on a GPU): three DistributedOptimizer checkpoint fixes for the torch-AdamW fallback
-   (_patch_torch_adam_distopt_checkpointing()), and bit-identical in-place/foreach stand-ins for megatron's
+   (:func:`patch_torch_adam_distopt_checkpointing`), and bit-identical in-place/foreach stand-ins for megatron's
    pure-Python multi_tensor_scale/l2norm fallbacks (:mod:`bio_megatron.parallel.multi_tensor`).
 On a machine with a GPU only (5) applies. Set MCORE_SHIM_LOG=/path/prefix to log every call site the shim
 rewrote (``tests/parallel/test_cpu_shim.py`` checks the sites of a TP2xPP2 step that way).
@@ -41,15 +42,16 @@ their definitions in a 2-rank gloo world. Activation recompute needs nothing bey
 (``tests/parallel/test_recompute.py``).
 """
 import contextlib
+from typing import Any, Callable
 
 import torch
 
-from bio_megatron.parallel import device_redirect, multi_tensor
 from bio_megatron.parallel.device_redirect import note as _note
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
-_INSTALLED = False
+_TRACKER_CLASS: type | None = None
+_DISTOPT_ORIGINALS: dict[str, Callable] = {}  # megatron's methods our distributed-optimizer fixes wrap
 
 
 class _DummyStream:
@@ -97,7 +99,12 @@ class _DummyEvent:
         return 0.0
 
 
-def _install_rng_tracker():
+def cpu_rng_tracker_class() -> type:
+    """megatron's ``CudaRNGStatesTracker`` with CPU generator states (one class per process, so that the seam can
+    tell it is ours)."""
+    global _TRACKER_CLASS
+    if _TRACKER_CLASS is not None:
+        return _TRACKER_CLASS
     import megatron.core.tensor_parallel.random as tpr
 
     class CpuRNGStatesTracker(tpr.CudaRNGStatesTracker):
@@ -126,9 +133,26 @@ def _install_rng_tracker():
                 self.states_[name] = torch.get_rng_state()
                 torch.set_rng_state(orig)
 
-    tpr.CudaRNGStatesTracker = CpuRNGStatesTracker  # picked up by initialize_rng_tracker()
-    tpr._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    tpr._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+    _TRACKER_CLASS = CpuRNGStatesTracker
+    return _TRACKER_CLASS
+
+
+def get_cpu_rng_state(*args, **kwargs) -> torch.Tensor:
+    """megatron's ``_get_cuda_rng_state`` (activation recompute): the CPU generator's state."""
+    return torch.get_rng_state()
+
+
+def set_cpu_rng_state(new_state: torch.Tensor, *args, **kwargs) -> None:
+    """megatron's ``_set_cuda_rng_state``: restores the CPU generator's state."""
+    torch.set_rng_state(new_state)
+
+
+def install_rng_tracker() -> None:
+    import megatron.core.tensor_parallel.random as tpr
+
+    tpr.CudaRNGStatesTracker = cpu_rng_tracker_class()  # picked up by initialize_rng_tracker()
+    tpr._get_cuda_rng_state = get_cpu_rng_state
+    tpr._set_cuda_rng_state = set_cpu_rng_state
     # if a tracker was already created, replace it
     tpr._CUDA_RNG_STATE_TRACKER = None
     tpr._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
@@ -148,7 +172,44 @@ def prime_adam_state(opt) -> None:
                 st.setdefault("exp_avg_sq", torch.zeros_like(p))
 
 
-def _patch_torch_adam_distopt_checkpointing():
+def distopt_state_dict(self):
+    """``DistributedOptimizer.state_dict`` of a fresh torch-Adam optimizer: its state primed first."""
+    prime_adam_state(self.optimizer)
+    return _DISTOPT_ORIGINALS["state_dict"](self)
+
+
+def distopt_set_main_param_and_optimizer_states(self, model_param, tensors):
+    """``DistributedOptimizer._set_main_param_and_optimizer_states`` with torch-Adam's ``step`` hidden."""
+    gi, go = self.model_param_group_index_map[model_param]
+    main_param = self.optimizer.param_groups[gi]["params"][go]
+    st = self.optimizer.state[main_param]
+    step = st.pop("step", None) if "step" not in tensors else None
+    try:
+        # no_grad: load_parameter_state_from_dp_reshardable (distrib_optimizer.py:2093) is not
+        # decorated with @torch.no_grad() and fp32 main params are views of leaf params.
+        with torch.no_grad():
+            return _DISTOPT_ORIGINALS["_set_main_param_and_optimizer_states"](self, model_param, tensors)
+    finally:
+        if step is not None:
+            st["step"] = step
+
+
+def distopt_load_state_dict(self, state_dict):
+    """``DistributedOptimizer.load_state_dict`` with one ``step`` tensor per parameter, taken from param_groups."""
+    r = _DISTOPT_ORIGINALS["load_state_dict"](self, state_dict)
+    # authoritative step = the one stored in param_groups (state_dict() writes it there);
+    # 'dp_reshardable' otherwise restores the *pre-load* per-param step tensors (observed: 0.0).
+    steps = {g.get("step") for g in state_dict.get("optimizer", {}).get("param_groups", [])}
+    steps.discard(None)
+    step = float(next(iter(steps))) if len(steps) == 1 else None
+    for st in self.optimizer.state.values():
+        if torch.is_tensor(st.get("step")):
+            st["step"] = (torch.tensor(step, dtype=torch.float32) if step is not None
+                          else st["step"].detach().clone())
+    return r
+
+
+def patch_torch_adam_distopt_checkpointing():
     """Without apex/TE, megatron falls back to torch.optim.AdamW, whose per-param state holds a tensor
     'step'. Two places in megatron-core 0.19.2 DistributedOptimizer break on that:
       * distrib_optimizer.py:839 ``assert len(steps) == 1`` in state_dict() when the optimizer has not
@@ -168,80 +229,52 @@ def _patch_torch_adam_distopt_checkpointing():
     if getattr(dopt, "HAVE_APEX_OR_TE", True):
         return
     D = dopt.DistributedOptimizer
-    _orig_state_dict = D.state_dict
-    _orig_set = D._set_main_param_and_optimizer_states
-
-    def state_dict(self):
-        prime_adam_state(self.optimizer)
-        return _orig_state_dict(self)
-
-    def _set_main_param_and_optimizer_states(self, model_param, tensors):
-        gi, go = self.model_param_group_index_map[model_param]
-        main_param = self.optimizer.param_groups[gi]["params"][go]
-        st = self.optimizer.state[main_param]
-        step = st.pop("step", None) if "step" not in tensors else None
-        try:
-            # no_grad: load_parameter_state_from_dp_reshardable (distrib_optimizer.py:2093) is not
-            # decorated with @torch.no_grad() and fp32 main params are views of leaf params.
-            with torch.no_grad():
-                return _orig_set(self, model_param, tensors)
-        finally:
-            if step is not None:
-                st["step"] = step
-
-    _orig_load = D.load_state_dict
-
-    def load_state_dict(self, state_dict):
-        r = _orig_load(self, state_dict)
-        # authoritative step = the one stored in param_groups (state_dict() writes it there);
-        # 'dp_reshardable' otherwise restores the *pre-load* per-param step tensors (observed: 0.0).
-        steps = {g.get("step") for g in state_dict.get("optimizer", {}).get("param_groups", [])}
-        steps.discard(None)
-        step = float(next(iter(steps))) if len(steps) == 1 else None
-        for st in self.optimizer.state.values():
-            if torch.is_tensor(st.get("step")):
-                st["step"] = (torch.tensor(step, dtype=torch.float32) if step is not None
-                              else st["step"].detach().clone())
-        return r
-
-    D.state_dict = state_dict
-    D._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
-    D.load_state_dict = load_state_dict
-
-
-def install():
-    global _INSTALLED
-    if _INSTALLED:
+    if D.state_dict is distopt_state_dict:  # installed already
         return
-    if torch.cuda.is_available():
-        # Real GPU: no CUDA stand-ins. The torch-Adam distributed-optimizer fixes still apply when
-        # megatron-core runs without apex/TE (a plain pip install); the patch checks that itself.
-        _patch_torch_adam_distopt_checkpointing()
-        multi_tensor.install()
-        _INSTALLED = True
-        return
-    c = torch.cuda
+    _DISTOPT_ORIGINALS.update(state_dict=D.state_dict, load_state_dict=D.load_state_dict,
+                              _set_main_param_and_optimizer_states=D._set_main_param_and_optimizer_states)
+    D.state_dict = distopt_state_dict
+    D._set_main_param_and_optimizer_states = distopt_set_main_param_and_optimizer_states
+    D.load_state_dict = distopt_load_state_dict
 
-    def _logged(name, fn):
-        def w(*a, **k):
-            _note(f"torch.cuda.{name}()")
-            return fn(*a, **k)
-        return w
 
-    c.current_device = _logged("current_device", lambda: 0)
-    c.synchronize = _logged("synchronize", lambda *a, **k: None)
-    c.current_stream = _logged("current_stream", lambda *a, **k: _DummyStream(_quiet=True))
-    c.default_stream = _logged("default_stream", lambda *a, **k: _DummyStream(_quiet=True))
-    c.Stream = _DummyStream
-    c.Event = _DummyEvent
-    c.stream = _logged("stream", lambda *a, **k: contextlib.nullcontext())
-    c.set_device = _logged("set_device", lambda *a, **k: None)
-    c.get_rng_state = _logged("get_rng_state", lambda *a, **k: torch.get_rng_state())
-    c.set_rng_state = _logged("set_rng_state", lambda s, *a, **k: torch.set_rng_state(s))
-    c.manual_seed = _logged("manual_seed", lambda seed: None)  # CPU seeding via torch.manual_seed
-    c.empty_cache = _logged("empty_cache", lambda: None)
-    _install_rng_tracker()
-    _patch_torch_adam_distopt_checkpointing()
-    multi_tensor.install()
-    log.debug("CPU shim: %s", device_redirect.install())
-    _INSTALLED = True
+def _logged(name: str, fn: Callable) -> Callable:
+    def w(*a, **k):
+        _note(f"torch.cuda.{name}()")
+        return fn(*a, **k)
+    w.__name__ = w.__qualname__ = name
+    return w
+
+
+# The torch.cuda stand-ins, built once so that the seam can check by identity that they are in place.
+CUDA_STANDINS: dict[str, Any] = {
+    "current_device": _logged("current_device", lambda: 0),
+    "synchronize": _logged("synchronize", lambda *a, **k: None),
+    "current_stream": _logged("current_stream", lambda *a, **k: _DummyStream(_quiet=True)),
+    "default_stream": _logged("default_stream", lambda *a, **k: _DummyStream(_quiet=True)),
+    "Stream": _DummyStream,
+    "Event": _DummyEvent,
+    "stream": _logged("stream", lambda *a, **k: contextlib.nullcontext()),
+    "set_device": _logged("set_device", lambda *a, **k: None),
+    "get_rng_state": _logged("get_rng_state", lambda *a, **k: torch.get_rng_state()),
+    "set_rng_state": _logged("set_rng_state", lambda s, *a, **k: torch.set_rng_state(s)),
+    "manual_seed": _logged("manual_seed", lambda seed: None),  # CPU seeding via torch.manual_seed
+    "empty_cache": _logged("empty_cache", lambda: None),
+}
+
+
+def install_cuda_standins() -> None:
+    """``torch.cuda``'s functions a CPU run of megatron-core calls (no CUDA driver here)."""
+    c, s = torch.cuda, CUDA_STANDINS
+    c.current_device = s["current_device"]
+    c.synchronize = s["synchronize"]
+    c.current_stream = s["current_stream"]
+    c.default_stream = s["default_stream"]
+    c.Stream = s["Stream"]
+    c.Event = s["Event"]
+    c.stream = s["stream"]
+    c.set_device = s["set_device"]
+    c.get_rng_state = s["get_rng_state"]
+    c.set_rng_state = s["set_rng_state"]
+    c.manual_seed = s["manual_seed"]
+    c.empty_cache = s["empty_cache"]

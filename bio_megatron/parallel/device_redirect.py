@@ -112,13 +112,13 @@ class MegatronTorch(types.ModuleType):
         return getattr(torch, name)
 
 
-_TORCH = MegatronTorch()
+MEGATRON_TORCH = MegatronTorch()
 
 
 def retarget(module: types.ModuleType) -> bool:
     """Point ``module``'s global ``torch`` at :class:`MegatronTorch`; False if it has none."""
     if module.__dict__.get("torch") is torch:
-        module.torch = _TORCH
+        module.torch = MEGATRON_TORCH
         return True
     return False
 
@@ -151,40 +151,50 @@ class _MegatronFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+# torch's own Tensor.to and Tensor.type, which the stand-ins below call (taken before anything replaces them).
+_TENSOR_TO, _TENSOR_TYPE = torch.Tensor.to, torch.Tensor.type
+
+
+def tensor_cuda(self, *args, **kwargs):
+    """``Tensor.cuda()``: the tensor itself (there is no GPU)."""
+    note("Tensor.cuda()")
+    return self
+
+
+def tensor_pin_memory(self, *args, **kwargs):
+    """``Tensor.pin_memory()``: the tensor itself (pinning needs CUDA)."""
+    note("Tensor.pin_memory()")
+    return self
+
+
+def tensor_to(self, *args, **kwargs):
+    """``Tensor.to()`` with a CUDA device mapped to the CPU."""
+    if args and is_cuda_device(args[0]):
+        note(f"Tensor.to({args[0]!r})")
+        args = ("cpu", *args[1:])
+    if is_cuda_device(kwargs.get("device")):
+        note(f"Tensor.to(device={kwargs['device']!r})")
+        kwargs["device"] = "cpu"
+    return _TENSOR_TO(self, *args, **kwargs)
+
+
+def tensor_type(self, *args, **kwargs):
+    """``Tensor.type()``: ``torch.cuda.<T>`` for a CPU tensor when megatron's optimizer code asks."""
+    r = _TENSOR_TYPE(self, *args, **kwargs)
+    if args or kwargs or not r.startswith("torch.") or r.startswith("torch.cuda."):
+        return r
+    # optimizer code asserts param.type() == 'torch.cuda.FloatTensor' (clip_grads.py:174,
+    # distrib_optimizer.py:401/466/758, optimizer.py:1028)
+    caller = sys._getframe(1).f_code.co_filename
+    if "megatron" in caller and "optimizer" in caller:
+        note("Tensor.type() spoofed")
+        return "torch.cuda." + r[len("torch."):]
+    return r
+
+
 def _patch_tensor_methods() -> None:
     T = torch.Tensor
-    to, type_ = T.to, T.type
-
-    def cuda(self, *args, **kwargs):
-        note("Tensor.cuda()")
-        return self
-
-    def pin_memory(self, *args, **kwargs):
-        note("Tensor.pin_memory()")
-        return self
-
-    def to_(self, *args, **kwargs):
-        if args and is_cuda_device(args[0]):
-            note(f"Tensor.to({args[0]!r})")
-            args = ("cpu", *args[1:])
-        if is_cuda_device(kwargs.get("device")):
-            note(f"Tensor.to(device={kwargs['device']!r})")
-            kwargs["device"] = "cpu"
-        return to(self, *args, **kwargs)
-
-    def type_spoofed(self, *args, **kwargs):
-        r = type_(self, *args, **kwargs)
-        if args or kwargs or not r.startswith("torch.") or r.startswith("torch.cuda."):
-            return r
-        # optimizer code asserts param.type() == 'torch.cuda.FloatTensor' (clip_grads.py:174,
-        # distrib_optimizer.py:401/466/758, optimizer.py:1028)
-        caller = sys._getframe(1).f_code.co_filename
-        if "megatron" in caller and "optimizer" in caller:
-            note("Tensor.type() spoofed")
-            return "torch.cuda." + r[len("torch."):]
-        return r
-
-    T.cuda, T.pin_memory, T.to, T.type = cuda, pin_memory, to_, type_spoofed
+    T.cuda, T.pin_memory, T.to, T.type = tensor_cuda, tensor_pin_memory, tensor_to, tensor_type
 
 
 class CudaToCpuMode(TorchFunctionMode):
@@ -196,7 +206,8 @@ class CudaToCpuMode(TorchFunctionMode):
 
 
 def install() -> str:
-    """Install the redirection (call once per process, without CUDA); returns which mechanism is active."""
+    """Install the redirection (once per process, without CUDA: :func:`bio_megatron.parallel.seam.install` calls
+    it); returns which mechanism is active."""
     _patch_tensor_methods()  # also under the global mode: Tensor.type() is spoofed here, not in the mode
     if os.environ.get("MCORE_SHIM_GLOBAL_MODE") == "1":
         CudaToCpuMode().__enter__()  # global and never exited, as torch.set_default_device does it
@@ -204,5 +215,6 @@ def install() -> str:
     for name, module in list(sys.modules.items()):
         if (name == PACKAGE or name.startswith(PACKAGE + ".")) and isinstance(module, types.ModuleType):
             retarget(module)
-    sys.meta_path.insert(0, _MegatronFinder())
+    if not any(isinstance(f, _MegatronFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _MegatronFinder())
     return f"megatron-core modules' torch ({len(FACTORIES)} factories), Tensor.cuda/pin_memory/to/type"

@@ -72,12 +72,13 @@ def use_gpu() -> bool:
 
 
 def init_distributed(world: WorldInfo | None = None, timeout_s: int = 600) -> WorldInfo:
-    """Initialise torch.distributed (idempotent) and return the world. Installs the CPU shim without a GPU
-    (with one, only its torch-Adam distributed-optimizer checkpoint fixes)."""
+    """Initialise torch.distributed (idempotent) and return the world. Checks the megatron-core version and makes
+    the seam's process-wide replacements first (the CPU shim without a GPU; with one, only the torch-Adam
+    distributed-optimizer checkpoint fixes and multi-tensor stand-ins)."""
     world = world or resolve_world()
-    from bio_megatron.parallel import cpu_shim
+    from bio_megatron.parallel import seam
 
-    cpu_shim.install()
+    seam.install("process")
     if dist.is_initialized():
         return world
     # Export what megatron-core and child libraries read from the environment.

@@ -71,7 +71,7 @@ def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, 
 
 wgrad_gemm_accum_fp16 = wgrad_gemm_accum_fp32  # main_grad in half precision: the same cases
 
-_CPU_KERNELS = types.SimpleNamespace(wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
+CPU_KERNELS = types.SimpleNamespace(wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
                                      wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16)
 _CHUNK = 1 << 20  # elements per step of a converting add: its fp32 temporary stays 4 MB
 
@@ -122,7 +122,7 @@ def _embedding(input, weight, *args, **kwargs):
     return F.embedding(input, weight, *args, **kwargs)
 
 
-class _Functional(types.ModuleType):
+class FusedFunctional(types.ModuleType):
     """``torch.nn.functional`` for megatron's ``tensor_parallel.layers`` module, with the fused embedding."""
 
     embedding = staticmethod(_embedding)
@@ -160,13 +160,13 @@ class LazyZero:
                 at = max(at, end)
             if at < buffer.grad_data.numel():
                 eager.append((at, buffer.grad_data.numel()))
-            buffer.reset = partial(self._reset, buffer, eager, mine)
+            buffer.reset = partial(LazyZero.reset, buffer, eager, mine)
             self.lazy += mine
         for name in ("start_grad_sync", "finish_grad_sync"):
             setattr(ddp, name, self._settled(getattr(ddp, name)))
 
     @staticmethod
-    def _reset(buffer, eager: list[tuple[int, int]], lazy: list) -> None:
+    def reset(buffer, eager: list[tuple[int, int]], lazy: list) -> None:
         for start, end in eager:
             buffer.grad_data[start:end].zero_()
         for grad in buffer.extra_main_grads:
@@ -180,11 +180,20 @@ class LazyZero:
             if _take_stale(param.main_grad):
                 param.main_grad.zero_()
 
-    def _settled(self, sync):
-        def wrapper(*args, **kwargs):
-            self.settle()
-            return sync(*args, **kwargs)
-        return wrapper
+    def _settled(self, sync) -> "Settled":
+        return Settled(self, sync)
+
+
+class Settled:
+    """DDP's ``start_grad_sync``/``finish_grad_sync`` after :meth:`LazyZero.settle` (a class, so that the seam can
+    tell the method in place is ours)."""
+
+    def __init__(self, lazy: LazyZero, sync) -> None:
+        self.lazy, self.sync = lazy, sync
+
+    def __call__(self, *args, **kwargs):
+        self.lazy.settle()
+        return self.sync(*args, **kwargs)
 
 
 def available() -> bool:
@@ -194,13 +203,13 @@ def available() -> bool:
     return not torch.cuda.is_available() or layers._grad_accum_fusion_available
 
 
-def _install_cpu() -> None:
+def install_cpu() -> None:
     from megatron.core.tensor_parallel import layers
 
-    if not isinstance(layers.F, _Functional):
-        layers.F = _Functional("torch.nn.functional")
+    if not isinstance(layers.F, FusedFunctional):
+        layers.F = FusedFunctional("torch.nn.functional")
     if not layers._grad_accum_fusion_available:
-        layers.fused_weight_gradient_mlp_cuda = _CPU_KERNELS
+        layers.fused_weight_gradient_mlp_cuda = CPU_KERNELS
         layers._grad_accum_fusion_available = True
 
 
@@ -226,7 +235,7 @@ def enable(ddp, setting: bool | None = None) -> bool:
         return False
     on_cpu = not torch.cuda.is_available()
     if on_cpu:
-        _install_cpu()
+        install_cpu()
     fused: set = set()
     for module in ddp.modules():
         if isinstance(module, (layers.ColumnParallelLinear, layers.RowParallelLinear)):

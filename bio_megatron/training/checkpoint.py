@@ -20,7 +20,6 @@ import contextlib
 import errno
 import json
 import os
-import queue
 import random
 import shutil
 import warnings
@@ -34,6 +33,7 @@ import torch.distributed as dist
 import yaml
 
 from bio_megatron.config.loader import to_dict
+from bio_megatron.parallel import dist_ckpt, seam
 from bio_megatron.training import integrity
 from bio_megatron.training.disk_full import disk_full_after, no_space, no_space_error
 from bio_megatron.utils.errors import CheckpointError
@@ -54,23 +54,14 @@ def _barrier() -> None:
 
 
 def _in_process_write_queue() -> None:
-    """dist-checkpointing collects each save's write results through a *spawn* ``multiprocessing.Manager``
-    queue, started on the first save (3-4 s on CPU, it re-imports ``__main__``, and the Manager process
-    outlives a rank that is SIGKILLed). Our saves are synchronous: the writer threads and the reader of the
-    results are in this process (``execute_sync`` in megatron-core's async_utils), so a plain thread-safe
-    queue does the same job and no process is started at all."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
-
-    if not isinstance(getattr(fa, "_results_queue", None), queue.Queue):
-        fa._results_queue = queue.Queue()
+    """dist-checkpointing's write results through an in-process queue, not a spawn ``multiprocessing.Manager``
+    (:func:`bio_megatron.parallel.dist_ckpt.in_process_write_queue`; a row of the megatron-core seam)."""
+    seam.install("save")
 
 
 def shutdown_writer() -> None:
     """Forget the write-results queue (kept for the callers' clean-up paths; no process to stop)."""
-    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
-
-    if isinstance(getattr(fa, "_results_queue", None), queue.Queue):
-        fa._results_queue = None
+    dist_ckpt.forget_write_queue()
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
+from bio_megatron.parallel import seam
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -85,35 +86,20 @@ def load_metadata_safely(fh: io.BufferedIOBase) -> Any:
     return _MetadataUnpickler(fh).load()
 
 
-class _PickleForMetadata:
-    """Stands in for the ``pickle`` module inside torch's filesystem reader while we load: ``load`` is the
-    restricted one, everything else is the real module's."""
-
-    Unpickler = _MetadataUnpickler
-    load = staticmethod(load_metadata_safely)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(pickle, name)
-
-
 @contextlib.contextmanager
 def restricted_loading() -> Iterator[None]:
     """During a dist-checkpointing load: ``.metadata`` through the allow-list and every ``torch.load``
     in weights-only mode (torch's ``DefaultLoadPlanner.load_bytes`` asks for ``weights_only=False``; the
     documented ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch overrides that). Checked beforehand too
     (:func:`check_structure`), so this is the second line, against a file swapped in between."""
-    from torch.distributed.checkpoint import filesystem
-
     saved_env = {k: os.environ.get(k) for k in ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")}
-    saved_pickle = filesystem.pickle
     os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
     os.environ.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)  # torch refuses both set at once
-    filesystem.pickle = _PickleForMetadata()
     try:
-        with torch.serialization.safe_globals(_object_globals()):
+        # torch's reader's ``pickle`` is the allow-list's (a row of the megatron-core seam)
+        with seam.install("load", unpickler=_MetadataUnpickler), torch.serialization.safe_globals(_object_globals()):
             yield
     finally:
-        filesystem.pickle = saved_pickle
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)

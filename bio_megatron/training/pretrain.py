@@ -17,7 +17,7 @@ from bio_megatron.data.pretrain import PretrainData, load_tokenizer
 from bio_megatron.models.bert import build_model, describe_precision, dtype_name, precision_dtype
 from bio_megatron.models.electra import build_electra_model
 from bio_megatron.models.init import init_weights
-from bio_megatron.parallel import grad_fusion
+from bio_megatron.parallel import seam
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training import electra_loss, memory, resume_checks
@@ -98,7 +98,7 @@ def wrap_for_training(model: torch.nn.Module, m: ModelConfig, dtype: torch.dtype
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=m.use_distributed_optimizer)
     ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_cfg, module=stage)
-    grad_fusion.enable(ddp, m.gradient_accumulation_fusion)
+    seam.install("model", ddp=ddp, setting=m.gradient_accumulation_fusion)  # gradient-accumulation fusion
     model.config.finalize_model_grads_func = finalize_model_grads
     model.config.no_sync_func = ddp.no_sync
     return ddp

@@ -20,9 +20,9 @@ def _compare() -> dict:
     from megatron.core import utils as mutils
     from megatron.core.optimizer import clip_grads, optimizer
 
-    from bio_megatron.parallel import cpu_shim, multi_tensor
+    from bio_megatron.parallel import multi_tensor, seam
 
-    cpu_shim.install()
+    seam.install()
     g = torch.Generator().manual_seed(0)
 
     def tensors(scale: float = 1e-3) -> list:
