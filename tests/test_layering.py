@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("foundations", ("config", "parallel", "evaluation", "vocab")),  # vocab: the tokenizers
     ("corpus", ("corpus",)),                                         # reads corpora, encodes with a vocab
     ("engine parts", ("models", "data", "vocab.train", "vocab.stats")),  # vocab building reads corpora
+    ("families", ("families",)),                                     # encoder families: HF names, models built
     ("training", ("training",)),
     ("loading", ("loading",)),
     ("tasks", ("tasks",)),

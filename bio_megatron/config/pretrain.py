@@ -162,6 +162,10 @@ class ModelConfig:
     init_method_std: float = 0.02
     make_vocab_size_divisible_by: int = 128
     num_tokentypes: int = 2
+    family: str | None = None
+    """The encoder family (``bio_megatron/families/``: megatron_bert, bert, roberta, electra, ...), checked against
+    that registry when a model is built. Every checkpoint we write records it; null (NeMo's configs, older
+    checkpoints) means it is inferred once from objective, tokenizer and block type (``families.family_of_model``)."""
     transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
     """NeMo's key. pre_ln: Megatron BERT (LayerNorm before each sub-layer, final LayerNorm); post_ln: the
     original BERT order (BioBERT, PubMedBERT: LayerNorm after each residual add, embedding LayerNorm, no

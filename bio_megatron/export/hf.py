@@ -53,21 +53,23 @@ import torch
 import yaml
 
 from bio_megatron.export.folder_modes import apply_umask_modes
-from bio_megatron.export.hf_heads import (head_settings, head_to_hf, plain_class, remote_config_fields,
+from bio_megatron.export.hf_heads import (head_settings, plain_class, remote_config_fields, remote_head,
                                           write_remote_code)
 from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
+from bio_megatron.families import family_named, family_of_model
+from bio_megatron.families.electra import ELECTRA
+from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
-from bio_megatron.loading.hf_heads import BERT_PLAIN_CLASS, CLASS_TASK, REMOTE_MODEL_TYPE
+from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_CLASS
 from bio_megatron.loading.model import build_task_model, load_full_state
 from bio_megatron.loading.source import Source, resolve_source
 from bio_megatron.models.heads import build_head
-from bio_megatron.models.hf_convert import bert_to_roberta, hf_config, mcore_to_hf, roberta_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
-from bio_megatron.vocab.bpe import BPETokenizer, bpe_files, load_tokenizer
+from bio_megatron.vocab.bpe import bpe_files, load_tokenizer
 
 log = get_logger(__name__)
 
@@ -110,10 +112,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     src = resolve_source(checkpoint)
     if src.kind != "checkpoint":
         raise CheckpointError(f"{checkpoint}: already a Hugging Face folder")
-    from bio_megatron.export.hf_electra import export_electra, is_electra_checkpoint
-
-    if src.task is None and is_electra_checkpoint(src):  # two folders: discriminator/ and generator/
-        return export_electra(src, out, overwrite, dtype)
+    family = family_named(src.shape["family"])
+    if src.task is None and family.name in _folder_pairs():  # two folders: discriminator/ and generator/
+        return _folder_pairs()[family.name][0](src, out, overwrite, dtype)
     if src.task is None:
         hsd, config, tok_lower, labels = _pretraining_to_hf(src)
     else:
@@ -144,6 +145,13 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote, "dtype": dtype}
 
 
+def _folder_pairs() -> dict:
+    """Families whose HF form is two folders (ELECTRA: discriminator + generator): (export, import) functions."""
+    from bio_megatron.export.hf_electra import export_electra, import_electra
+
+    return {ELECTRA.name: (export_electra, import_electra)}
+
+
 def _hf_class(name: str, remote: bool) -> type:
     if remote:  # the very module the folder carries, imported here rather than from the folder
         from bio_megatron.export import hf_modeling
@@ -155,102 +163,71 @@ def _hf_class(name: str, remote: bool) -> type:
 
 
 def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
-    """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config (plain or remote-code class)."""
+    """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config: the family's plain task class
+    when it computes the head, else (Megatron BERT only) the remote-code class."""
     if src.task == "classify":  # BLURB classification: (Megatron)BertForSequenceClassification with its problem_type
         from bio_megatron.export.hf_classify import classify_to_hf
 
         return classify_to_hf(src)
     loaded = load_finetuned(src.path)
-    m, shape, vocab = loaded.cfg.model, loaded.model.shape, loaded.tokenizer.vocab_size
+    m, shape, tok = loaded.cfg.model, loaded.model.shape, loaded.tokenizer
+    family = family_of_model(m)
     settings = head_settings(src.task, m)
-    plain = plain_class(src.task, settings, shape.hidden_size)
-    if isinstance(loaded.tokenizer, BPETokenizer):  # the family a byte-level BPE vocabulary records: RoBERTa
-        return _roberta_task_to_hf(src, loaded, settings, plain is not None)
-    if m.transformer_block_type == "post_ln":
-        if plain is None:  # the remote-code classes wrap MegatronBertModel (pre-LN)
-            raise CheckpointError(f"{src.path}: a post-LN (BERT) model with this {src.task} head has no Hugging Face "
-                                  f"class yet; only heads that transformers' Bert* classes compute export "
-                                  f"({settings})")
-        plain = BERT_PLAIN_CLASS[src.task]  # same head module names in both families
+    plain = plain_class(src.task, settings, shape.hidden_size, family) is not None
+    cls = family.hf_class(src.task) if plain else REMOTE_CLASS[src.task]
+    problems = family.export_problems(m, src.task)
+    if not plain and REMOTE_MODEL_TYPE not in family.hf_model_types:  # the remote-code classes wrap MegatronBertModel
+        problems.append(f"head {settings} ({family.hf_class(src.task)} computes "
+                        + ("a 2-layer tanh head as wide as the encoder" if src.task == "re" else "one Linear layer")
+                        + "; the remote-code classes for other heads are pre-LN Megatron BERT only)")
+    if problems:
+        raise CheckpointError(f"{src.path}: a {family.name} {src.task} model has no Hugging Face class here: {cls} "
+                              "cannot compute this one: " + "; ".join(problems))
+    tokens = family.hf_tokens(tok)
     sd = loaded.model.state_dict()
-    hsd = {**mcore_to_hf(sd, shape, vocab, binary_head=False), **head_to_hf(src.task, sd, plain is not None)}
+    head = family.head_to_hf(src.task, sd) if plain else remote_head(sd)
+    hsd = {**family.to_hf(sd, m, tok.vocab_size, binary_head=False, **tokens), **head}
     labels = loaded.labels
-    extra = {"architectures": [plain]} if plain else remote_config_fields(src.task, settings)
+    extra = {"architectures": [cls]} if plain else remote_config_fields(src.task, settings)
     if labels:
         extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
                      label2id={t: i for i, t in enumerate(labels)})
-    config = hf_config(shape, vocab, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
-                       block_type=m.transformer_block_type, **extra)
-    if plain is None:
+    config = family.hf_config(m, tok.vocab_size, **tokens, **extra)
+    if not plain:
         from bio_megatron.export.hf_modeling import BioMegatronConfig
 
         # Same fields, own model_type: loading without trust_remote_code then fails instead of silently
         # building transformers' plain head with random weights.
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "transformers_version")}
         config = BioMegatronConfig(**fields)
-    return hsd, config, loaded.tokenizer.lowercase, labels
-
-
-def _roberta_task_to_hf(src: Source, loaded, settings: dict, plain: bool) -> tuple[dict, object, bool, list | None]:
-    """A fine-tuned byte-level BPE model as ``RobertaFor{TokenClassification,QuestionAnswering,
-    SequenceClassification}``, refused (one line naming what differs) unless that class computes exactly our model:
-    post-LN, one token type and a head it has (no remote-code RoBERTa classes). Positions as ``bert_to_roberta``."""
-    from bio_megatron.export.hf_heads import ROBERTA_CLASS
-
-    m, shape, tok, cls = loaded.cfg.model, loaded.model.shape, loaded.tokenizer, ROBERTA_CLASS[src.task]
-    problems = [] if m.transformer_block_type == "post_ln" else [f"transformer_block_type {m.transformer_block_type}"]
-    if m.num_tokentypes != 1:
-        problems.append(f"num_tokentypes {m.num_tokentypes} (RoBERTa has one token type)")
-    if not plain:
-        problems.append(f"head {settings} ({cls} computes " + ("a 2-layer tanh head as wide as the encoder"
-                                                               if src.task == "re" else "one Linear layer") + ")")
-    if problems:
-        raise CheckpointError(f"{src.path}: a byte-level BPE (RoBERTa) {src.task} model exports only as {cls}, which "
-                              "cannot compute this one: " + "; ".join(problems))
-    sd = loaded.model.state_dict()
-    hsd = {**bert_to_roberta(mcore_to_hf(sd, shape, tok.vocab_size, binary_head=False), tok.pad),
-           **head_to_hf(src.task, sd, True, family="roberta")}
-    extra: dict = {"architectures": [cls]}
-    if loaded.labels:
-        extra.update(num_labels=len(loaded.labels), id2label=dict(enumerate(loaded.labels)),
-                     label2id={t: i for i, t in enumerate(loaded.labels)})
-    config = roberta_config(shape, tok.vocab_size, m.max_position_embeddings, m.layernorm_epsilon, tok.pad, tok.cls,
-                            tok.sep, **extra)
-    return hsd, config, False, loaded.labels
+    return hsd, config, tok.lowercase if family.tokenizer_kind == "wordpiece" else False, labels
 
 
 def _pretraining_to_hf(src: Source):
-    """MLM (+NSP) model of a pretraining checkpoint at TP1, converted."""
+    """The pretraining model (MLM, + NSP/SOP head) of a checkpoint at TP1, converted by its family."""
     from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.models.bert import build_model
     from bio_megatron.training.checkpoint import load_checkpoint
-    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
     binary = bool(raw.get("bert_binary_head", False))
     tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
-    m = ModelConfig(**{k: v for k, v in src.shape.items()}, bert_binary_head=binary, hidden_dropout=0.0,
-                    attention_dropout=0.0, transformer_impl="local")
+    m = ModelConfig(**src.shape, bert_binary_head=binary, hidden_dropout=0.0, attention_dropout=0.0,
+                    transformer_impl="local")
     if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
         m.make_vocab_size_divisible_by = int(src.padded_vocab)
-    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+    family = family_of_model(m)
+    problems = family.export_problems(m, None, binary_head=binary)
+    cls = family.hf_class(None, binary_head=binary)
+    if problems:
+        raise CheckpointError(f"{src.path}: a {family.name} model exports as {cls}, which cannot compute this one: "
+                              + "; ".join(problems))
+    model = family.build_pretraining_model(m, tok.vocab_size, torch.float32)
     load_checkpoint(src.path, model, model_only=True)
     sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    shape = m.shape()
-    hsd = mcore_to_hf(sd, shape, tok.vocab_size, binary_head=binary)
-    if isinstance(tok, BPETokenizer):  # the family a byte-level BPE vocabulary records: RoBERTa
-        if m.transformer_block_type != "post_ln" or binary:
-            raise CheckpointError(f"{src.path}: a byte-level BPE model exports as RobertaForMaskedLM, which needs "
-                                  f"transformer_block_type post_ln and no NSP head (got "
-                                  f"{m.transformer_block_type}, bert_binary_head {binary})")
-        config = roberta_config(shape, tok.vocab_size, m.max_position_embeddings, m.layernorm_epsilon, tok.pad,
-                                tok.cls, tok.sep, architectures=["RobertaForMaskedLM"])
-        return bert_to_roberta(hsd, tok.pad), config, False, None
-    family = "Bert" if m.transformer_block_type == "post_ln" else "MegatronBert"
-    arch = f"{family}ForPreTraining" if binary else f"{family}ForMaskedLM"
-    config = hf_config(shape, tok.vocab_size, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
-                       block_type=m.transformer_block_type, architectures=[arch])
-    return hsd, config, tok.lowercase, None
+    tokens = family.hf_tokens(tok)
+    hsd = family.to_hf(sd, m, tok.vocab_size, binary_head=binary, **tokens)
+    config = family.hf_config(m, tok.vocab_size, **tokens, architectures=[cls])
+    return hsd, config, tok.lowercase if family.tokenizer_kind == "wordpiece" else False, None
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,
@@ -261,10 +238,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     an ELECTRA discriminator's generator folder (:mod:`bio_megatron.export.hf_electra`)."""
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.training import checkpoint as ckpt
-    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before converting anything
     src = resolve_source(hf_dir)  # refusals (activation, tokenizer, ...) before any process group exists
@@ -273,10 +248,9 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     if src.vocab_file is None:
         raise CheckpointError(f"{hf_dir}: no vocab.txt or tokenizer.json; a WordPiece vocabulary is needed beside "
                               "the weights")
-    from bio_megatron.export.hf_electra import import_electra, is_electra_folder
-
-    if is_electra_folder(src.path):
-        return import_electra(src, generator, out, overwrite, verify, tolerance)
+    family = family_named(src.shape["family"])
+    if family.name in _folder_pairs():
+        return _folder_pairs()[family.name][1](src, generator, out, overwrite, verify, tolerance)
     if generator is not None:
         raise CheckpointError(f"--generator ({generator}) goes with an ELECTRA discriminator; {hf_dir} is not one")
     tok = load_tokenizer(src.vocab_file, src.lowercase)  # WordPiece vocab.txt or byte-level BPE vocab.json
@@ -287,7 +261,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
         padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
         full = read_hf_state(hf_dir, m.shape(), padded)
         m.bert_binary_head = "binary_head.weight" in full
-        model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
+        model = family.build_pretraining_model(m, tok.vocab_size, torch.float32)
         if "lm_head.dense.weight" not in full:  # a bare encoder (HF BertModel, e.g. MiniLM): fresh MLM head
             log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", hf_dir)
             init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
@@ -342,7 +316,9 @@ def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: floa
     def reference(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         out = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types)
         if hasattr(out, "prediction_logits"):
-            return {"mlm": out.prediction_logits, "nsp": out.seq_relationship_logits}
+            # ALBERT's sentence-order head answers where BERT's next-sentence head does
+            nsp = out.sop_logits if hasattr(out, "sop_logits") else out.seq_relationship_logits
+            return {"mlm": out.prediction_logits, "nsp": nsp}
         if hasattr(out, "start_logits"):  # our QA head gives [B, S, 2]
             return {"logits": torch.stack([out.start_logits, out.end_logits], dim=-1)}
         return {"mlm" if arch.endswith("ForMaskedLM") else "logits": out.logits}

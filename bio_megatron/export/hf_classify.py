@@ -1,5 +1,6 @@
-"""``export hf`` of a fine-tuned BLURB ``classify`` checkpoint: ``BertForSequenceClassification`` (post-LN) or
-``MegatronBertForSequenceClassification`` (pre-LN) with the dataset's ``problem_type``.
+"""``export hf`` of a fine-tuned BLURB ``classify`` checkpoint: its family's sequence classifier
+(``BertForSequenceClassification`` post-LN, ``MegatronBertForSequenceClassification`` pre-LN, ...) with the
+dataset's ``problem_type``.
 
 transformers' sequence head is a tanh pooler over [CLS] as wide as the encoder, then one linear classifier:
 exactly our NeMo head with ``model.classifier_head.num_output_layers: 2``, ``activation: tanh`` and
@@ -21,13 +22,12 @@ it) sees transformers' class and treats it as the ``re`` head's class: fine-tuni
 
 from __future__ import annotations
 
-from bio_megatron.export.hf_heads import head_settings, head_to_hf, plain_class
+from bio_megatron.export.hf_heads import head_settings, plain_class
+from bio_megatron.families import family_of_model
 from bio_megatron.loading.source import Source
-from bio_megatron.models.hf_convert import hf_config, mcore_to_hf
 from bio_megatron.predict.classify import load_classifier
 from bio_megatron.tasks.classify_data import dataset
 from bio_megatron.utils.errors import CheckpointError
-from bio_megatron.vocab.bpe import BPETokenizer
 
 PROBLEM_TYPE = {"single": "single_label_classification", "regression": "regression",
                 "multi": "multi_label_classification"}
@@ -37,24 +37,26 @@ def classify_to_hf(src: Source) -> tuple[dict, object, bool, list[str]]:
     """(HF state dict, config, tokenizer lower-casing, labels) of a classify checkpoint at TP1, for ``export_hf``."""
     loaded = load_classifier(src.path)
     m, shape, tok = loaded.cfg.model, loaded.model.shape, loaded.tokenizer
+    family = family_of_model(m)
     settings = head_settings("classify", m)
-    if isinstance(tok, BPETokenizer):
-        raise CheckpointError(f"{src.path}: a byte-level BPE (RoBERTa) classify model has no export here yet "
+    if family.tokenizer_kind == "bpe":
+        raise CheckpointError(f"{src.path}: a byte-level BPE ({family.name}) classify model has no export here yet "
                               "(only WordPiece BERT / MegatronBERT sequence classifiers)")
-    if plain_class("re", settings, shape.hidden_size) is None:
+    cls = plain_class("classify", settings, shape.hidden_size, family)
+    if cls is None:
         raise CheckpointError(
-            f"{src.path}: this classify head ({settings}) has no Hugging Face class: BertForSequenceClassification "
+            f"{src.path}: this classify head ({settings}) has no Hugging Face class: {family.hf_class('classify')} "
             f"computes a tanh pooler as wide as the encoder ({shape.hidden_size}) and one linear classifier, i.e. "
             "model.classifier_head.num_output_layers=2, model.classifier_head.activation=tanh, "
             "model.fc_hidden_size=null; fine-tune with those to export")
-    family = "Bert" if m.transformer_block_type == "post_ln" else "MegatronBert"
+    problems = family.export_problems(m, "classify")
+    if problems:
+        raise CheckpointError(f"{src.path}: {cls} cannot compute this model: " + "; ".join(problems))
     sd = loaded.model.state_dict()
-    hsd = {**mcore_to_hf(sd, shape, tok.vocab_size, binary_head=False), **head_to_hf("re", sd, True)}
+    hsd = {**family.to_hf(sd, m, tok.vocab_size, binary_head=False), **family.head_to_hf("classify", sd)}
     labels = list(loaded.labels)
     task_name = m.dataset.task_name
-    config = hf_config(shape, tok.vocab_size, m.max_position_embeddings, m.num_tokentypes, m.layernorm_epsilon,
-                       block_type=m.transformer_block_type, architectures=[f"{family}ForSequenceClassification"],
-                       num_labels=len(labels), id2label=dict(enumerate(labels)),
-                       label2id={t: i for i, t in enumerate(labels)},
-                       problem_type=PROBLEM_TYPE[dataset(task_name).mode], finetuning_task=task_name)
+    config = family.hf_config(m, tok.vocab_size, architectures=[cls], num_labels=len(labels),
+                              id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)},
+                              problem_type=PROBLEM_TYPE[dataset(task_name).mode], finetuning_task=task_name)
     return hsd, config, tok.lowercase, labels

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from bio_megatron.models.hf_electra import (DISCRIMINATOR_CLASSES, MODEL_TYPE, electra_configs,
-                                            electra_hf_to_mcore, electra_mcore_to_hf, generator_problems)
+from bio_megatron.families.electra import (DISCRIMINATOR_CLASSES, ELECTRA, electra_configs, electra_hf_to_mcore,
+                                           electra_mcore_to_hf, generator_problems)
 from bio_megatron.loading.source import Source, read_hf_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
@@ -34,15 +34,6 @@ log = get_logger(__name__)
 SUBFOLDERS = ("discriminator", "generator")
 
 
-def is_electra_folder(path: str | Path) -> bool:
-    cfg = Path(path) / "config.json"
-    return cfg.is_file() and load_json(cfg).get("model_type") == MODEL_TYPE
-
-
-def is_electra_checkpoint(src: Source) -> bool:
-    return _saved_model(src).get("objective") == "electra"
-
-
 def _saved_model(src: Source) -> dict:
     return (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
 
@@ -50,7 +41,9 @@ def _saved_model(src: Source) -> dict:
 def _model_config(shape: dict, **extra):
     from bio_megatron.config.pretrain import ModelConfig
 
-    return ModelConfig(**shape, objective="electra", bert_binary_head=False, transformer_impl="local", **extra)
+    shape = {k: v for k, v in shape.items() if k != "family"}  # the source's, which is this one
+    return ModelConfig(**shape, family=ELECTRA.name, objective="electra", bert_binary_head=False,
+                       transformer_impl="local", **extra)
 
 
 def _stack_layers(full: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:

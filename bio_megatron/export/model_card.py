@@ -18,6 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from bio_megatron.families import FAMILIES
+from bio_megatron.families.megatron_bert import MEGATRON_BERT
+
 PIPELINE_TAG = {"ner": "token-classification", "qa": "question-answering", "re": "text-classification",
                 "classify": "text-classification", None: "fill-mask"}
 AUTO_CLASS = {"ner": "AutoModelForTokenClassification", "qa": "AutoModelForQuestionAnswering",
@@ -79,14 +82,22 @@ def card_fields(checkpoint: str | Path, task: str | None) -> dict:
             "dev": _scores(res.get("dev")), "test": _scores(res.get("test"))}
 
 
+def _family_tag(cls: str) -> str:
+    """The Hub tag (HF ``model_type``) of the family whose classes ``cls`` belongs to (``BertFor*`` -> bert, ...);
+    the remote-code ``BioMegatronFor*`` classes wrap Megatron BERT."""
+    prefix = cls.split("For")[0]
+    for family in FAMILIES.values():
+        if family.hf_class(None).split("For")[0] == prefix:
+            return family.hf_model_types[0]
+    return MEGATRON_BERT.hf_model_types[0]
+
+
 def metadata(fields: dict, task: str | None, cls: str, name: str) -> dict:
     tag = PIPELINE_TAG.get(task, "fill-mask")
     if cls == "ElectraForPreTraining":  # a discriminator: replaced-token detection, no masked-LM head
         tag = "feature-extraction"
     meta: dict = {"library_name": "transformers", "language": "en", "pipeline_tag": tag}
-    family = "bert" if cls.startswith("Bert") else "roberta" if cls.startswith("Roberta") else \
-        "electra" if cls.startswith("Electra") else "megatron-bert"
-    meta["tags"] = ["biomedical", "bio-megatron", family] + ([task] if task else ["pretraining"])
+    meta["tags"] = ["biomedical", "bio-megatron", _family_tag(cls)] + ([task] if task else ["pretraining"])
     if fields["base"] and _HUB_ID.match(fields["base"]) and not Path(fields["base"]).exists():
         meta["base_model"] = fields["base"]
     if fields["dataset"]:

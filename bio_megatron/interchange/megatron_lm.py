@@ -315,6 +315,8 @@ def load_ours(checkpoint: str | Path):
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.bert import build_model
     from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.families import family_of_model
+    from bio_megatron.families.megatron_bert import MEGATRON_BERT
     from bio_megatron.loading.source import resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
@@ -329,8 +331,10 @@ def load_ours(checkpoint: str | Path):
     raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
     m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
                     attention_dropout=0.0, transformer_impl="local")
-    if m.transformer_block_type != "pre_ln":
-        raise CheckpointError(f"{src.path}: a post-LN (original BERT) model; Megatron-LM's BERT is pre-LN")
+    family = family_of_model(m)
+    if family is not MEGATRON_BERT or m.transformer_block_type != "pre_ln":
+        raise CheckpointError(f"{src.path}: a {family.name} model ({m.transformer_block_type}); Megatron-LM's BERT "
+                              "holds the megatron_bert family only (pre-LN)")
     tok = WordPieceTokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
     divisible = m.make_vocab_size_divisible_by
     if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
@@ -367,7 +371,7 @@ def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Nam
 def export_megatron_lm(checkpoint: str | Path, out: str | Path, tp: int = 1, overwrite: bool = False) -> dict:
     """Write ``out/release/mp_rank_TT/model_optim_rng.pt`` (TP ``tp``) from our pretraining checkpoint.
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``export megatron-lm`` output."""
-    from bio_megatron.models.hf_convert import _normalise
+    from bio_megatron.models.hf_convert import normalise
 
     check_output_dir(out, EXPORT_COMMAND, overwrite)
     model, m, tok, src = load_ours(checkpoint)
@@ -375,7 +379,7 @@ def export_megatron_lm(checkpoint: str | Path, out: str | Path, tp: int = 1, ove
     if tp < 1 or shape.num_attention_heads % tp or shape.ffn_hidden_size % tp:
         raise CheckpointError(f"--tp {tp}: must divide num_attention_heads ({shape.num_attention_heads}) and "
                               f"ffn_hidden_size ({shape.ffn_hidden_size})")
-    full = _normalise(model.state_dict())
+    full = normalise(model.state_dict())
     padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, tp)
     for key in ("embedding.word_embeddings.weight", "output_layer.bias"):
         t = full[key]

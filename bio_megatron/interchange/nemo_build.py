@@ -114,8 +114,10 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool, ve
 
 def load_for_export(checkpoint: str | Path) -> dict:
     """Our checkpoint (any saved layout) at TP1: full state (our local names), head, shape and settings."""
+    from bio_megatron.families import family_of_model
+    from bio_megatron.families.megatron_bert import MEGATRON_BERT
     from bio_megatron.interchange.megatron_lm import load_ours
-    from bio_megatron.models.hf_convert import _normalise
+    from bio_megatron.models.hf_convert import normalise
     from bio_megatron.loading.finetuned import load_finetuned, single_process
     from bio_megatron.loading.source import resolve_source
 
@@ -125,13 +127,15 @@ def load_for_export(checkpoint: str | Path) -> dict:
         raise CheckpointError(f"{checkpoint}: a Hugging Face folder; import it first (bio-megatron import hf)")
     if src.task is None:
         model, m, tok, src = load_ours(checkpoint)  # refuses post-LN: NeMo's post_ln block is another model
-        state, head, settings = _normalise(model.state_dict()), {}, {}
+        state, head, settings = normalise(model.state_dict()), {}, {}
     else:
         loaded = load_finetuned(src.path)
         m, tok = loaded.cfg.model, loaded.tokenizer
-        if m.transformer_block_type != "pre_ln":
-            raise CheckpointError(f"{src.path}: a post-LN (original BERT) model; NeMo's Megatron BERT is pre-LN")
-        state = _normalise(loaded.model.state_dict())
+        family = family_of_model(m)
+        if family is not MEGATRON_BERT or m.transformer_block_type != "pre_ln":
+            raise CheckpointError(f"{src.path}: a {family.name} model ({m.transformer_block_type}); NeMo's Megatron "
+                                  "BERT holds the megatron_bert family only (pre-LN)")
+        state = normalise(loaded.model.state_dict())
         head = {k: v for k, v in state.items() if k.startswith("head.")}
         state = {k: v for k, v in state.items() if not k.startswith("head.")}
         h = m.classifier_head if src.task == "re" else m.head

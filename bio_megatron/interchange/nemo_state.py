@@ -31,7 +31,7 @@ import torch
 
 from bio_megatron.interchange.megatron_lm_state import (flatten, legacy_to_mcore, mcore_to_legacy_shards, merge_pp,
                                                        merge_tp, split_dim)
-from bio_megatron.models.hf_convert import _TE_ALIASES
+from bio_megatron.models.hf_convert import TE_ALIASES
 from bio_megatron.utils.errors import CheckpointError
 
 PRETRAIN_PREFIX, TASK_PREFIX = "model.", "bert_model.model."
@@ -120,7 +120,7 @@ def ours_to_shards(full: dict[str, torch.Tensor], head: dict[str, torch.Tensor],
 
 def dist_to_ours(plain: dict[str, torch.Tensor], where: str) -> dict[str, torch.Tensor]:
     """Tensors of a NeMo ``mcore_bert`` dist checkpoint (megatron-core names, stacked layers) -> ours."""
-    te_to_local = {te: local for te, local in _TE_ALIASES.items()}
+    te_to_local = {te: local for te, local in TE_ALIASES.items()}
     out: dict[str, torch.Tensor] = {}
     for key, value in plain.items():
         if not torch.is_tensor(value) or key.endswith("_extra_state"):
@@ -142,7 +142,7 @@ def dist_to_ours(plain: dict[str, torch.Tensor], where: str) -> dict[str, torch.
 
 def ours_to_dist(full: dict[str, torch.Tensor], prefix: str = PRETRAIN_PREFIX) -> dict[str, torch.Tensor]:
     """Our full state -> megatron-core's dist-checkpoint tensors (TE LayerNorm names, layers stacked)."""
-    local_to_te = {local: te for te, local in _TE_ALIASES.items()}
+    local_to_te = {local: te for te, local in TE_ALIASES.items()}
     out, stacks = {}, {}
     for key, value in full.items():
         m = _LAYER.match(key)

@@ -77,9 +77,9 @@ def load_pretraining(checkpoint: str | Path):
     import yaml
 
     from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.families import family_of_model
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.source import resolve_source
-    from bio_megatron.models.bert import build_model
     from bio_megatron.training.checkpoint import load_checkpoint
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -93,7 +93,7 @@ def load_pretraining(checkpoint: str | Path):
     tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
     if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
         m.make_vocab_size_divisible_by = int(src.padded_vocab)
-    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True).eval()
+    model = family_of_model(m).build_pretraining_model(m, tok.vocab_size, torch.float32).eval()
     load_checkpoint(src.path, model, model_only=True)
     return model, m, tok
 

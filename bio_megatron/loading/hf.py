@@ -10,38 +10,38 @@ from pathlib import Path
 import torch
 
 from bio_megatron.config.sizes import ModelShape
+from bio_megatron.families import family_of_hf
 from bio_megatron.loading.archives import check_zip_if_zip, shape_bound
-from bio_megatron.loading.hf_heads import PLAIN_CLASS, apply_head, hf_to_head, source_head
+from bio_megatron.loading.hf_heads import CLASS_TASK, apply_head, hf_to_head, source_head
 from bio_megatron.loading.source import Source, resolve_source
-from bio_megatron.models.hf_convert import (check_config_tensors, hf_to_mcore, roberta_position_offset,
-                                           roberta_to_bert)
+from bio_megatron.models.hf_convert import check_config_tensors
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 
 
 def read_hf_state(path: str | Path, shape: ModelShape, padded_vocab: int, task: str | None = None) -> dict:
-    """An HF folder's weights as a full (TP1) megatron-core state, head included for task folders."""
+    """An HF folder's weights as a full (TP1) megatron-core state, head included for task folders; its family's
+    ``from_hf`` renames them (``config.json``'s ``model_type`` names the family)."""
+    from bio_megatron.config.pretrain import ModelConfig
+
     path = Path(path)
     hsd = read_hf_weights(path)
     hf_cfg = load_json(path / "config.json") if (path / "config.json").is_file() else {}
     check_config_tensors(hf_cfg, hsd, str(path))  # before any renaming: the message names the file's tensors
-    if hf_cfg.get("model_type") == "roberta":  # RoBERTa names and position offset -> BERT's
-        hsd = roberta_to_bert(hsd, roberta_position_offset(hf_cfg) - 1)
-    elif hf_cfg.get("model_type") == "electra":  # the discriminator's encoder under BERT's names (no heads)
-        from bio_megatron.models.hf_electra import electra_to_bert
-
-        hsd = electra_to_bert(hsd)
-    prefix = "bert." if any(k.startswith("bert.") for k in hsd) else ""
+    family = family_of_hf(hf_cfg, f"{path}/config.json")
+    m = ModelConfig(**family.shape_from_hf(hf_cfg, f"{path}/config.json"))
+    m.num_layers, m.hidden_size = shape.num_layers, shape.hidden_size  # the model being filled decides
+    m.num_attention_heads, m.ffn_hidden_size = shape.num_attention_heads, shape.ffn_hidden_size
     binary = "cls.seq_relationship.weight" in hsd
     try:
-        full = hf_to_mcore(hsd, shape, padded_vocab, binary_head=binary, prefix=prefix)
+        full = family.from_hf(hsd, m, padded_vocab, binary_head=binary)
         if task is None:
             task = resolve_source(path).task
         if task is not None:
-            full.update(hf_to_head(task, hsd))
+            full.update(hf_to_head(task, hsd, family))
     except KeyError as exc:
         raise CheckpointError(f"{path}: weight {exc.args[0]} is missing "
-                              "(not a BERT / MegatronBert checkpoint?)") from None
+                              f"(not a {' / '.join(family.hf_model_types)} checkpoint?)") from None
     return full
 
 
@@ -89,7 +89,8 @@ def task_config_for_hf(src: Source):
     from bio_megatron.config.finetune import CONFIG_CLASSES
 
     cfg = CONFIG_CLASSES[src.task]()
-    apply_head(cfg.model, src.head or source_head(PLAIN_CLASS[src.task], {}, str(src.path)))
+    plain = next(c for c, t in CLASS_TASK.items() if t == src.task and not c.startswith("BioMegatron"))
+    apply_head(cfg.model, src.head or source_head(plain, {}, str(src.path)))
     cfg.model.transformer_impl = "local"
     cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
     return cfg

@@ -1,7 +1,8 @@
 """Hugging Face task classes -> our heads: which class holds which task's head, and reading its settings and
 weights back (the writing half, class choice and remote code, is :mod:`bio_megatron.export.hf_heads`).
 
-A head that equals one of transformers' fixed heads is the plain ``MegatronBertFor*`` / ``BertFor*`` class;
+A head that equals one of transformers' fixed heads is the family's plain class (``MegatronBertFor*``, ``BertFor*``,
+..., :mod:`bio_megatron.families`);
 every other NeMo MLP head is the remote-code ``BioMegatronFor*`` class, whose settings travel in ``config.json``
 as ``bio_megatron_head`` and whose weights keep our own names (``head.mlp.layer0.*``, ...).
 
@@ -13,25 +14,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bio_megatron.families import FAMILIES, Family
 from bio_megatron.utils.errors import CheckpointError
 
 if TYPE_CHECKING:
     from bio_megatron.config.finetune import FinetuneModelConfig
 
-PLAIN_CLASS = {"ner": "MegatronBertForTokenClassification", "qa": "MegatronBertForQuestionAnswering",
-               "re": "MegatronBertForSequenceClassification"}
 REMOTE_CLASS = {"ner": "BioMegatronForTokenClassification", "qa": "BioMegatronForQuestionAnswering",
                 "re": "BioMegatronForSequenceClassification"}
-# Original (post-LN) BERT's task classes compute the same heads under the same module names.
-BERT_PLAIN_CLASS = {t: c.replace("MegatronBert", "Bert") for t, c in PLAIN_CLASS.items()}
-CLASS_TASK = {**{c: t for t, c in PLAIN_CLASS.items()}, **{c: t for t, c in BERT_PLAIN_CLASS.items()},
+# Every family's plain task classes (its own head names: ``Family.head_from_hf``) and the remote-code ones. RE and
+# BLURB classification share the sequence classifier, which reads back as RE's head.
+CLASS_TASK = {**{f.hf_class(t): t for f in FAMILIES.values() for t in ("ner", "qa", "re")},
               **{c: t for t, c in REMOTE_CLASS.items()}}
-REMOTE_MODEL_TYPE = "bio-megatron-bert"
 HEAD_KEYS = ("num_fc_layers", "fc_hidden_size", "activation", "fc_dropout")
 _ACTIVATIONS = ("relu", "gelu", "tanh")
-# Plain classes: HF key prefix -> our module, per task.
-PLAIN_PAIRS = {"ner": {"classifier": "head.mlp.layer0"}, "qa": {"qa_outputs": "head.mlp.layer0"},
-               "re": {"bert.pooler.dense": "head.mlp.layer0", "classifier": "head.mlp.layer2"}}
 
 
 def head_block(task: str) -> tuple[str, str]:
@@ -40,13 +36,10 @@ def head_block(task: str) -> tuple[str, str]:
     return ("classifier_head", "num_output_layers") if task in ("re", "classify") else ("head", "num_fc_layers")
 
 
-def hf_to_head(task: str, hsd: dict) -> dict:
+def hf_to_head(task: str, hsd: dict, family: Family) -> dict:
     """The ``head.*`` weights of an HF state dict, from either kind of class (KeyError names a missing weight)."""
     ours = {k: v for k, v in hsd.items() if k.startswith("head.")}
-    if ours:
-        return ours
-    pairs = PLAIN_PAIRS[task].items()
-    return {f"{mine}.{p}": hsd[f"{theirs}.{p}"] for theirs, mine in pairs for p in ("weight", "bias")}
+    return ours or family.head_from_hf(task, hsd)
 
 
 def validate_head(settings: object, where: str) -> dict:
@@ -74,7 +67,7 @@ def source_head(arch: str, hf_cfg: dict, where: str) -> dict:
     """The head of an HF task folder (class ``arch``) in a checkpoint's ``config.yaml`` terms (``Source.head``)."""
     task = CLASS_TASK[arch]
     block, count = head_block(task)
-    if arch in (PLAIN_CLASS[task], BERT_PLAIN_CLASS[task]):  # exactly the head the plain class computes
+    if arch not in REMOTE_CLASS.values():  # a family's plain class: exactly the head it computes
         plain = {count: 2, "activation": "tanh"} if task == "re" else {count: 1}
         return {block: plain, "fc_hidden_size": None}
     if "bio_megatron_head" not in hf_cfg:

@@ -16,28 +16,26 @@ from __future__ import annotations
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.mapping import ShardedTensor
-from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
-from megatron.core.transformer.transformer_block import TransformerBlock
 from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.families import family_of_model
 from bio_megatron.loading.hf import read_hf_state
 from bio_megatron.loading.source import Source
-from bio_megatron.models.bert import layer_spec, transformer_config
+from bio_megatron.models.bert import transformer_config
 from bio_megatron.models.heads import pytorch_default_init
-from bio_megatron.models.hf_convert import _TE_ALIASES
+from bio_megatron.models.hf_convert import TE_ALIASES
 from bio_megatron.models.init import init_weights
-from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
 from bio_megatron.training.checkpoint import from_main_params, load_sharded
 from bio_megatron.utils.errors import CheckpointError
 
 
 class TaskModel(MegatronModule):
-    """This rank's stage of BERT encoder + head; returns hidden states between stages, head logits at the end."""
+    """This rank's stage of the family's encoder (``Family.task_encoder``) + head; returns hidden states between stages, head logits at the end."""
 
     def __init__(self, m: ModelConfig, padded_vocab: int, head: nn.Module | None, dtype: torch.dtype,
                  pre_process: bool, post_process: bool):
@@ -46,20 +44,13 @@ class TaskModel(MegatronModule):
         self.model_type = ModelType.encoder_or_decoder  # what megatron's schedules expect of BERT
         self.shape, self.padded_vocab = m.shape(), padded_vocab
         self.share_embeddings_and_output_weights = False  # no LM output layer: nothing tied across stages
-        spec = layer_spec(m)
-        core = spec.submodules.self_attention.submodules.core_attention
+        self.family = family_of_model(m)
+        embedding, self.encoder = self.family.task_encoder(m, padded_vocab, self.config, pre_process, post_process)
+        if embedding is not None:  # the first pipeline stage only
+            self.embedding = embedding
         # megatron's unfused attention wants [b,1,s,s]; SDPA/Transformer Engine a key-padding mask [b,1,1,s].
-        self.mask_dims = "b1ss" if core is DotProductAttention else "b11s"
-        post_ln = is_post_ln(spec)
-        if pre_process:
-            self.embedding = LanguageModelEmbedding(config=self.config, vocab_size=padded_vocab,
-                                                    max_sequence_length=m.max_position_embeddings,
-                                                    position_embedding_type="learned_absolute",
-                                                    num_tokentypes=m.num_tokentypes)
-            if post_ln:  # original BERT: LayerNorm on the embedding sum, none after the last layer
-                add_embedding_layernorm(self.embedding)
-        self.encoder = TransformerBlock(config=self.config, spec=spec, pre_process=pre_process,
-                                        post_process=post_process, post_layer_norm=not post_ln)
+        unfused = any(type(mod) is DotProductAttention for mod in self.encoder.modules())
+        self.mask_dims = "b1ss" if unfused else "b11s"
         if post_process:
             self.head = head
 
@@ -136,7 +127,7 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
         elif sh.key.startswith("encoder.layers."):
             rest = sh.key[len("encoder.layers."):]
             # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
-            rest = _TE_ALIASES.get(rest, rest) if f"encoder.layers.0.{rest}" not in full else rest
+            rest = TE_ALIASES.get(rest, rest) if f"encoder.layers.0.{rest}" not in full else rest
             value = torch.stack([full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])])
         else:
             raise CheckpointError(f"weight {sh.key} is missing from the source")

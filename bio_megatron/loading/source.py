@@ -15,16 +15,18 @@ from pathlib import Path
 import yaml
 
 from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.families import family_of_hf, family_of_model
+from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
 from bio_megatron.loading.foreign import cached_vocab, foreign_kind, imported
-from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_MODEL_TYPE, source_head
-from bio_megatron.models.hf_convert import HF_MODEL_TYPES, hf_shape, read_tokenizer_json
+from bio_megatron.loading.hf_heads import CLASS_TASK, source_head
+from bio_megatron.models.hf_convert import read_tokenizer_json
 from bio_megatron.training.checkpoint import read_metadata
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 
 _SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
-               "transformer_block_type")
+               "transformer_block_type", "embedding_size", "hidden_act")  # the last two: ALBERT's
 
 
 @dataclass
@@ -33,7 +35,7 @@ class Source:
 
     kind: str                      # "checkpoint" | "hf"
     path: Path
-    shape: dict = field(default_factory=dict)   # ModelConfig fields to take over
+    shape: dict = field(default_factory=dict)   # ModelConfig fields to take over, ``family`` always among them
     vocab_file: Path | None = None
     labels: list[str] | None = None
     task: str | None = None        # None = pretraining checkpoint / base HF model
@@ -86,23 +88,23 @@ def resolve_source(path: str | Path) -> Source:
     cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
     model = cfg.get("model", {})
     shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
+    vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
+    # recorded in config.yaml (bio_megatron.json too) since families exist; inferred for older checkpoints
+    shape["family"] = meta.get("family") or family_of_model(model, vocab_file=vocab).name
     labels = None
     if (ckpt / "label_ids.csv").is_file():
         labels = (ckpt / "label_ids.csv").read_text(encoding="utf-8").splitlines()
     head = None
     if meta.get("task"):
         head = {k: model[k] for k in ("head", "classifier_head", "fc_hidden_size") if k in model}
-    vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
     return Source("checkpoint", ckpt, shape, vocab, labels, meta.get("task"),
                   meta.get("padded_vocab_size"), head)
 
 
 def _resolve_hf(path: Path) -> Source:
     cfg = read_hf_config(path / "config.json")
-    if cfg.get("model_type") not in HF_MODEL_TYPES:
-        raise CheckpointError(f"{path}/config.json: model_type {cfg.get('model_type')!r}, expected one of "
-                              f"{sorted(HF_MODEL_TYPES)}")
-    shape = hf_shape(cfg, f"{path}/config.json")
+    family = family_of_hf(cfg, f"{path}/config.json")
+    shape = {**family.shape_from_hf(cfg, f"{path}/config.json"), "family": family.name}
     arch = (cfg.get("architectures") or [""])[0]
     task = CLASS_TASK.get(arch)
     if task is None and cfg["model_type"] == REMOTE_MODEL_TYPE:

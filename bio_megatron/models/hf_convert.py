@@ -1,9 +1,10 @@
-"""BERT (megatron-core, TP1 full state) <-> Hugging Face state dicts, for both families:
+"""BERT layers (megatron-core, TP1 full state) <-> Hugging Face ``bert.``-named state dicts: the tensor map every
+BERT-shaped family of :mod:`bio_megatron.families` shares (pre-LN ``MegatronBert*`` and post-LN ``Bert*`` names;
+RoBERTa and ELECTRA rename to these first). Which family a model is, its HF model types and classes, is the
+registry's business; here the layer order is read from the weights themselves (an embedding LayerNorm means
+post-LN). Also: ``config.json`` vs the weights beside it, and an HF ``tokenizer.json``'s WordPiece vocabulary.
 
-- pre-LN Megatron BERT <-> ``MegatronBert*`` (``model_type: megatron-bert``);
-- post-LN original BERT (BioBERT, PubMedBERT, MiniLM) <-> ``Bert*`` (``model_type: bert``).
-
-The family is read from the weights themselves (an embedding LayerNorm means post-LN). Pitfalls handled
+Pitfalls handled
 here (converters written by others degraded models through them):
 - megatron-core's fused ``linear_qkv`` rows are grouped per head ``[q_h0, k_h0, v_h0, q_h1, ...]``;
   a naive ``chunk(3)`` is wrong.
@@ -21,13 +22,6 @@ import torch
 from bio_megatron.config.sizes import ModelShape
 from bio_megatron.utils.errors import CheckpointError
 
-# config.json model_type -> transformer_block_type ("bio-megatron-bert": export hf's remote-code task classes)
-HF_MODEL_TYPES = {"megatron-bert": "pre_ln", "bio-megatron-bert": "pre_ln", "bert": "post_ln", "roberta": "post_ln",
-                  "electra": "post_ln"}  # ELECTRA: the discriminator (models/hf_electra.py)
-# RoBERTa folders import as pretraining models (fine-tuning then uses their BPE tokenizer); fine-tuned
-# RobertaFor* folders are written by export hf but not read back (their heads are not mapped on import).
-ROBERTA_CLASSES = ("RobertaModel", "RobertaForMaskedLM")
-
 _LAYER_PAIRS = {
     "input_layernorm": "attention.ln", "self_attention.linear_proj": "attention.output.dense",
     "pre_mlp_layernorm": "ln", "mlp.linear_fc1": "intermediate.dense", "mlp.linear_fc2": "output.dense",
@@ -40,7 +34,7 @@ _POST_LN_LAYER_PAIRS = {
 _FAMILY_NORMS = {"pre_ln": ("encoder.final_layernorm", "encoder.ln"),
                  "post_ln": ("embedding.layernorm", "embeddings.LayerNorm")}
 # megatron-core's local spec stores LayerNorms under these names (TE's spec fuses them into the linears).
-_TE_ALIASES = {
+TE_ALIASES = {
     "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
     "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
     "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
@@ -73,44 +67,6 @@ def block_type_of(sd: dict[str, torch.Tensor]) -> str:
 def hf_block_type(hsd: dict[str, torch.Tensor], prefix: str = "bert.") -> str:
     """``post_ln`` for an HF ``Bert*`` state (embedding LayerNorm), ``pre_ln`` for ``MegatronBert*``."""
     return "post_ln" if f"{prefix}embeddings.LayerNorm.weight" in hsd else "pre_ln"
-
-
-def hf_shape(cfg: dict, where: str) -> dict:
-    """ModelConfig fields for an HF ``config.json`` of either family, refusing what the engine cannot compute
-    exactly (CheckpointError quoting the values)."""
-    block_type = HF_MODEL_TYPES.get(cfg.get("model_type"))
-    if block_type is None:  # callers check model_type first; this guards direct use
-        raise CheckpointError(f"{where}: model_type {cfg.get('model_type')!r}, expected one of "
-                              f"{sorted(HF_MODEL_TYPES)}")
-    problems = []
-    act = cfg.get("hidden_act", "gelu")
-    if act != "gelu":  # megatron-core's BertLMHead hard-codes exact GELU; gelu_new / relu would differ
-        problems.append(f"hidden_act {act!r} (only exact 'gelu' is supported)")
-    pos = cfg.get("position_embedding_type", "absolute")
-    if pos != "absolute":
-        problems.append(f"position_embedding_type {pos!r} (only 'absolute' is supported)")
-    for key in ("is_decoder", "add_cross_attention"):
-        if cfg.get(key):
-            problems.append(f"{key} true (an encoder is expected)")
-    if cfg.get("hidden_size", 0) % max(cfg.get("num_attention_heads", 1), 1):
-        problems.append(f"hidden_size ({cfg.get('hidden_size')}) not divisible by num_attention_heads "
-                        f"({cfg.get('num_attention_heads')})")
-    offset = 0
-    if cfg.get("model_type") == "roberta":
-        arch = (cfg.get("architectures") or ["RobertaModel"])[0]
-        if arch not in ROBERTA_CLASSES:
-            problems.append(f"architectures [{arch!r}] (RoBERTa imports as {' / '.join(ROBERTA_CLASSES)} only)")
-        offset = roberta_position_offset(cfg)
-    if cfg.get("model_type") == "electra":
-        from bio_megatron.models.hf_electra import electra_problems
-
-        problems += electra_problems(cfg)
-    if problems:
-        raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
-    return {"num_layers": cfg["num_hidden_layers"], "hidden_size": cfg["hidden_size"],
-            "num_attention_heads": cfg["num_attention_heads"], "ffn_hidden_size": cfg["intermediate_size"],
-            "max_position_embeddings": cfg["max_position_embeddings"] - offset, "num_tokentypes": cfg["type_vocab_size"],
-            "layernorm_epsilon": cfg.get("layer_norm_eps", 1e-12), "transformer_block_type": block_type}
 
 
 _LAYER = re.compile(r"(?:^|\.)encoder\.layer\.(\d+)\.")
@@ -147,8 +103,8 @@ def config_tensor_problems(cfg: dict, hsd: dict[str, torch.Tensor]) -> list[str]
     # RoBERTa's padding_idx + 1 rows before the first real position count in max_position_embeddings too
     rows("max_position_embeddings", cfg.get("max_position_embeddings"), "embeddings.position_embeddings.weight",
          "positions")
-    electra = cfg.get("model_type") == "electra" and "embedding_size" in cfg  # E may differ from H there
-    width("embedding_size" if electra else "hidden_size", cfg["embedding_size"] if electra else hidden,
+    factorised = "embedding_size" in cfg  # ELECTRA's (and ALBERT's) embedding width E may differ from H
+    width("embedding_size" if factorised else "hidden_size", cfg["embedding_size"] if factorised else hidden,
           "embeddings.word_embeddings.weight", 1, "width")
     layers = sorted({int(m.group(1)) for k in hsd for m in [_LAYER.search(k)] if m})
     expected = cfg.get("num_hidden_layers")
@@ -177,12 +133,12 @@ def check_config_tensors(cfg: dict, hsd: dict[str, torch.Tensor], where: str) ->
         raise CheckpointError(f"{where}/config.json disagrees with the weights beside it: " + "; ".join(problems))
 
 
-def _normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def normalise(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for k, v in sd.items():
         if not torch.is_tensor(v) or k.endswith("_extra_state"):
             continue
-        for te_name, local_name in _TE_ALIASES.items():
+        for te_name, local_name in TE_ALIASES.items():
             if k.endswith(te_name):
                 k = k[: -len(te_name)] + local_name
         out[k] = v
@@ -195,7 +151,7 @@ def mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, vocab_size: int,
 
     ``prefix`` is where HF keeps the encoder (``bert.``); MLM head keys go under ``cls.predictions``.
     """
-    sd = _normalise(sd)
+    sd = normalise(sd)
     family = block_type_of(sd)
     h, heads, d = shape.hidden_size, shape.num_attention_heads, shape.hidden_size // shape.num_attention_heads
     word = sd["embedding.word_embeddings.weight"][:vocab_size]
@@ -239,7 +195,7 @@ def hf_to_mcore(hsd: dict[str, torch.Tensor], shape: ModelShape, padded_vocab_si
                 binary_head: bool, prefix: str = "bert.") -> dict[str, torch.Tensor]:
     """HF ``MegatronBert*`` / ``Bert*`` state -> full (TP1) megatron-core BertModel state (pre-LN / post-LN),
     vocabulary zero-padded."""
-    hsd = {_untf(k): v for k, v in hsd.items()}
+    hsd = {untf(k): v for k, v in hsd.items()}
     family = hf_block_type(hsd, prefix)
     h, heads, d = shape.hidden_size, shape.num_attention_heads, shape.hidden_size // shape.num_attention_heads
 
@@ -286,7 +242,7 @@ def hf_to_mcore(hsd: dict[str, torch.Tensor], shape: ModelShape, padded_vocab_si
     return {k: v.detach().clone().contiguous() for k, v in out.items()}
 
 
-def _untf(key: str) -> str:
+def untf(key: str) -> str:
     """TF-converted BERT checkpoints (early BioBERT) name LayerNorm parameters gamma/beta."""
     if "LayerNorm." in key:
         if key.endswith(".gamma"):
@@ -340,67 +296,3 @@ def _normalizer_case(norm) -> tuple[bool, bool]:
         parts = [_normalizer_case(n) for n in norm.get("normalizers") or []]
         return any(p[0] for p in parts), any(p[1] for p in parts)
     return kind == "Lowercase", kind == "StripAccents"
-
-
-# --- RoBERTa ---------------------------------------------------------------------------------------
-# RoBERTa is post-LN BERT with other names (``roberta.``, ``lm_head.{dense,layer_norm,decoder,bias}``) and
-# positions that start at ``padding_idx + 1``: HF numbers the real tokens padding_idx+1, padding_idx+2, ...
-# (pads get padding_idx). Our model numbers them 0, 1, ... So import drops the first padding_idx + 1 rows of
-# HF's position table; row i of ours is then row i + padding_idx + 1 of theirs, the very row HF uses for the
-# i-th real token of a right-padded sequence: exact for every non-pad position. Export puts the rows back as
-# zeros: HF only reads them for pad tokens, whose outputs no real token attends to and no loss reads.
-
-
-def roberta_position_offset(cfg: dict) -> int:
-    return int(cfg.get("pad_token_id", 1)) + 1
-
-
-def roberta_to_bert(hsd: dict[str, torch.Tensor], padding_idx: int) -> dict[str, torch.Tensor]:
-    """An HF ``RobertaModel`` / ``RobertaForMaskedLM`` state under ``BertForMaskedLM``'s names, positions shifted."""
-    out = {}
-    for k, v in hsd.items():
-        if k.startswith("lm_head."):
-            rest = k[len("lm_head."):]
-            k = {"bias": "cls.predictions.bias", "decoder.weight": "cls.predictions.decoder.weight",
-                 "decoder.bias": "cls.predictions.decoder.bias"}.get(rest, "cls.predictions.transform." + rest.replace(
-                     "layer_norm.", "LayerNorm."))
-        elif k.startswith("roberta."):
-            k = "bert." + k[len("roberta."):]
-        elif not k.startswith("bert."):  # a bare RobertaModel keeps no prefix
-            k = "bert." + k
-        out[k] = v
-    pos = "bert.embeddings.position_embeddings.weight"
-    if pos in out:
-        out[pos] = out[pos][padding_idx + 1:]
-    return out
-
-
-def bert_to_roberta(hsd: dict[str, torch.Tensor], padding_idx: int) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`roberta_to_bert` (``RobertaForMaskedLM`` names; the dropped rows come back as zeros)."""
-    out = {}
-    for k, v in hsd.items():
-        if k.startswith("cls.predictions."):
-            rest = k[len("cls.predictions."):]
-            k = "lm_head." + ("bias" if rest == "bias" else rest.replace("transform.", "").replace("LayerNorm.",
-                                                                                                 "layer_norm."))
-        elif k.startswith("bert."):
-            if k.startswith("bert.pooler."):
-                continue  # RobertaForMaskedLM has no pooler
-            k = "roberta." + k[len("bert."):]
-        out[k] = v
-    pos = "roberta.embeddings.position_embeddings.weight"
-    out[pos] = torch.cat([out[pos].new_zeros(padding_idx + 1, out[pos].shape[1]), out[pos]])
-    return out
-
-
-def roberta_config(shape: ModelShape, vocab_size: int, max_position_embeddings: int, layernorm_epsilon: float,
-                   pad_id: int, bos_id: int, eos_id: int, **extra):
-    """``RobertaConfig`` for our post-LN model with a byte-level BPE vocabulary (positions offset back)."""
-    from transformers import RobertaConfig
-
-    return RobertaConfig(
-        vocab_size=vocab_size, hidden_size=shape.hidden_size, num_hidden_layers=shape.num_layers,
-        num_attention_heads=shape.num_attention_heads, intermediate_size=shape.ffn_hidden_size, hidden_act="gelu",
-        max_position_embeddings=max_position_embeddings + pad_id + 1, type_vocab_size=1,
-        layer_norm_eps=layernorm_epsilon, pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id,
-        position_embedding_type="absolute", tie_word_embeddings=True, **extra)

@@ -33,6 +33,7 @@ import torch.distributed as dist
 import yaml
 
 from bio_megatron.config.loader import to_dict
+from bio_megatron.families import family_of_model
 from bio_megatron.parallel import dist_ckpt, seam
 from bio_megatron.training import integrity
 from bio_megatron.training.disk_full import disk_full_after, no_space, no_space_error
@@ -178,8 +179,12 @@ def _sharded_state(model, optimizer, scheduler, step: int, is_loading: bool, wit
 
 
 def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: dict[str, str] | None = None) -> None:
-    """What makes a checkpoint directory self-describing: resolved config, vocabulary, metadata."""
-    (directory / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """What makes a checkpoint directory self-describing: resolved config, vocabulary, metadata; the model's
+    family (``model.family``) recorded in both, decided once here for configs that leave it to inference."""
+    saved = to_dict(cfg)
+    family = family_of_model(cfg.model, vocab_file=vocab_file).name
+    saved["model"]["family"], meta = family, {**meta, "family": family}
+    (directory / "config.yaml").write_text(yaml.safe_dump(saved, sort_keys=False))
     if Path(vocab_file).name == "vocab.json":  # byte-level BPE (RoBERTa): its merges travel with it
         for name in ("vocab.json", "merges.txt"):
             shutil.copyfile(Path(vocab_file).parent / name, directory / name)

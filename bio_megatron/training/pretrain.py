@@ -14,8 +14,8 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, electra_shapes, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
-from bio_megatron.models.bert import build_model, describe_precision, dtype_name, precision_dtype
-from bio_megatron.models.electra import build_electra_model
+from bio_megatron.families import family_of_model
+from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel import seam
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
@@ -80,7 +80,7 @@ def _flops_per_sequence(m: ModelConfig, padded_vocab: int) -> float:
 def build_stage(cfg: PretrainConfig, vocab_size: int, dtype: torch.dtype):
     """This rank's model stage, initialised layout-invariantly, wrapped in megatron-core DDP."""
     m = cfg.model
-    model = build_electra_model(m, vocab_size, dtype) if m.objective == "electra" else build_model(m, vocab_size, dtype)
+    model = family_of_model(m).build_pretraining_model(m, vocab_size, dtype)
     init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
     return model, wrap_for_training(model, m, dtype)
 
@@ -123,6 +123,7 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     another run holds the run directory."""
     world = init_distributed()
     validate(cfg, world.world_size)
+    family_of_model(cfg.model)  # model.family checked against the registry before the run directory is touched
     # Locked before anything (stale-save removal, index cache, metrics) touches the run directory.
     with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"):
         try:

@@ -1,5 +1,6 @@
-"""ELECTRA (megatron-core, TP1 full state) <-> Hugging Face ``ElectraForPreTraining`` (discriminator) +
-``ElectraForMaskedLM`` (generator).
+"""ELECTRA (BioELECTRA, BioM-ELECTRA): a post-LN BERT discriminator and a narrower generator sharing one embedding
+(``model.objective: electra``, :mod:`bio_megatron.models.electra`); Hugging Face ``ElectraForPreTraining``
+(discriminator) + ``ElectraForMaskedLM`` (generator), ``model_type: electra``, WordPiece vocabulary.
 
 Both HF encoders are post-LN BERT under other names (``electra.`` for ``bert.``), so the per-layer mapping is
 :mod:`bio_megatron.models.hf_convert`'s. What is ELECTRA's own:
@@ -12,17 +13,30 @@ Both HF encoders are post-LN BERT under other names (``electra.`` for ``bert.``)
   ``generator_lm_head`` (tied to the word embeddings; its bias);
 - the discriminator's head is ``discriminator_predictions.{dense,dense_prediction}`` (H -> H -> 1, GELU).
 
+A model fine-tuned from the discriminator is a post-LN BERT encoder + our head: it exports to the ``Bert*`` task
+classes (``hf_class(task)``), which compute exactly that.
+
 This module imports neither transformers nor megatron at import time: ``loading.source.resolve_source`` reads HF
-folders with :func:`electra_problems`.
+folders through it.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from bio_megatron.config.sizes import ModelShape
-from bio_megatron.models.hf_convert import _untf  # TF-converted LayerNorm gamma/beta, as for BERT
+from bio_megatron.families.base import HFTask
+from bio_megatron.families.bert import BERT
+from bio_megatron.families.bert_layers import BertLikeFamily, common_hf_problems, shape_fields
+from bio_megatron.models.hf_convert import untf  # TF-converted LayerNorm gamma/beta, as for BERT
 from bio_megatron.utils.errors import CheckpointError
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.module import MegatronModule
+
+    from bio_megatron.config.pretrain import ModelConfig
 
 MODEL_TYPE = "electra"
 DISCRIMINATOR_CLASSES = ("ElectraForPreTraining", "ElectraModel")
@@ -38,7 +52,7 @@ _GEN_HEAD = (("embeddings_project", "electra.embeddings_project"), ("lm_head.den
 
 def electra_problems(cfg: dict) -> list[str]:
     """What an HF ELECTRA discriminator ``config.json`` has that the shared-embedding model cannot hold
-    (``hf_shape`` adds them to its own checks: activation, positions, decoder)."""
+    (``shape_from_hf`` adds them to the checks every BERT-shaped family makes: activation, positions, decoder)."""
     problems = []
     emb, hidden = cfg.get("embedding_size", cfg.get("hidden_size")), cfg.get("hidden_size")
     if emb != hidden:  # ELECTRA-small: a projected embedding in the discriminator too
@@ -104,12 +118,12 @@ def check_shared_embeddings(disc: dict[str, torch.Tensor], gen: dict[str, torch.
 
 def electra_to_bert(hsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """An HF ELECTRA state's encoder under ``BertModel``'s names with the ``bert.`` prefix (heads and the
-    generator's ``embeddings_project`` dropped): what :func:`hf_convert.hf_to_mcore` reads."""
+    generator's ``embeddings_project`` dropped): what :func:`bio_megatron.models.hf_convert.hf_to_mcore` reads."""
     out = {}
     for k, v in hsd.items():
         if k.startswith(("discriminator_predictions.", "generator_predictions.", "generator_lm_head.")):
             continue
-        k = _untf(k[len("electra."):] if k.startswith("electra.") else k)  # a bare ElectraModel has no prefix
+        k = untf(k[len("electra."):] if k.startswith("electra.") else k)  # a bare ElectraModel has no prefix
         if k.startswith(("embeddings.", "encoder.")):
             out["bert." + k] = v
     return out
@@ -126,8 +140,8 @@ def electra_hf_to_mcore(disc: dict[str, torch.Tensor], gen: dict[str, torch.Tens
     embedding, the discriminator and its head are returned (the caller keeps a fresh generator)."""
     from bio_megatron.models.hf_convert import hf_to_mcore
 
-    disc = {_untf(k): v for k, v in disc.items()}
-    gen = None if gen is None else {_untf(k): v for k, v in gen.items()}
+    disc = {untf(k): v for k, v in disc.items()}
+    gen = None if gen is None else {untf(k): v for k, v in gen.items()}
     full = hf_to_mcore(electra_to_bert(disc), shape, padded_vocab, binary_head=False)
     for ours, theirs in _DISC_HEAD:
         for p in ("weight", "bias"):
@@ -151,23 +165,35 @@ def electra_hf_to_mcore(disc: dict[str, torch.Tensor], gen: dict[str, torch.Tens
     return full
 
 
+def _electra_names(hsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {"electra." + k[len("bert."):]: v for k, v in hsd.items()}
+
+
+def discriminator_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The shared embedding, the discriminator and (when ``sd`` has it) its head as an ``ElectraForPreTraining``
+    state, the vocabulary padding trimmed."""
+    from bio_megatron.models.hf_convert import mcore_to_hf
+
+    ours = {k: v for k, v in sd.items() if k.startswith(("embedding.", "encoder."))}
+    disc = _electra_names(mcore_to_hf(ours, shape, vocab_size, binary_head=False))
+    for mine, theirs in _DISC_HEAD:
+        disc.update({f"{theirs}.{p}": sd[f"{mine}.{p}"].detach().clone() for p in ("weight", "bias")
+                     if f"{mine}.{p}" in sd})
+    return disc
+
+
 def electra_mcore_to_hf(sd: dict[str, torch.Tensor], shape: ModelShape, gen_shape: ModelShape,
                         vocab_size: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Our full TP1 ELECTRA state -> (``ElectraForPreTraining`` state, ``ElectraForMaskedLM`` state), the
     vocabulary padding trimmed; the generator's ``generator_lm_head.weight`` is left to the tie."""
     from bio_megatron.models.hf_convert import mcore_to_hf
 
-    def electra(hsd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {"electra." + k[len("bert."):]: v for k, v in hsd.items()}
-
+    electra = _electra_names
     shared = {k: v for k, v in sd.items() if k.startswith("embedding.")}
-    disc = electra(mcore_to_hf({**shared, **{k: v for k, v in sd.items() if k.startswith("encoder.")}}, shape,
-                               vocab_size, binary_head=False))
+    disc = discriminator_to_hf(sd, shape, vocab_size)
     gen = electra(mcore_to_hf({**shared, **{k[len("generator."):]: v for k, v in sd.items()
                                             if k.startswith("generator.encoder.")}}, gen_shape, vocab_size,
                               binary_head=False))
-    for ours, theirs in _DISC_HEAD:
-        disc.update({f"{theirs}.{p}": sd[f"{ours}.{p}"].detach().clone() for p in ("weight", "bias")})
     for ours, theirs in _GEN_HEAD:
         gen.update({f"{theirs}.{p}": sd[f"generator.{ours}.{p}"].detach().clone() for p in ("weight", "bias")
                     if f"generator.{ours}.{p}" in sd})
@@ -192,3 +218,53 @@ def electra_configs(shape: ModelShape, gen_shape: ModelShape, vocab_size: int, m
                              architectures=[arch], **common)
 
     return cfg(shape, DISCRIMINATOR_CLASSES[0]), cfg(gen_shape, GENERATOR_CLASS)
+
+
+class ElectraFamily(BertLikeFamily):
+    """The discriminator is what the engine fine-tunes and HF loads as the model; the generator travels beside it
+    (``export/hf_electra.py`` writes and reads the two folders)."""
+
+    def __init__(self):
+        super().__init__("electra", (MODEL_TYPE,), "Electra", "post_ln")
+
+    def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
+        # fine-tuned: a post-LN BERT encoder + our head, which transformers' Bert* task classes compute
+        return DISCRIMINATOR_CLASSES[0] if task is None else BERT.hf_class(task)
+
+    def shape_from_hf(self, cfg: dict, where: str) -> dict:
+        problems = common_hf_problems(cfg) + electra_problems(cfg)
+        if problems:
+            raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
+        return shape_fields(cfg, self.block_type)
+
+    def hf_config(self, m: ModelConfig, vocab_size: int, **extra):
+        """The discriminator's ``ElectraConfig`` (the generator's: :func:`electra_configs`); a model fine-tuned
+        from the discriminator (no ELECTRA objective) is BERT's."""
+        from bio_megatron.config.pretrain import electra_shapes
+
+        if m.objective != "electra":
+            return BERT.hf_config(m, vocab_size, **extra)
+
+        disc, _ = electra_configs(m.shape(), electra_shapes(m), vocab_size, m.max_position_embeddings,
+                                  m.num_tokentypes, m.layernorm_epsilon)
+        for k, v in extra.items():
+            setattr(disc, k, v)
+        return disc
+
+    def to_hf(self, sd: dict[str, torch.Tensor], m: ModelConfig, vocab_size: int, *,
+              binary_head: bool, **tokens: int) -> dict[str, torch.Tensor]:
+        if m.objective != "electra":  # fine-tuned from the discriminator: a post-LN BERT encoder (+ head)
+            return BERT.to_hf(sd, m, vocab_size, binary_head=binary_head)
+        return discriminator_to_hf(sd, m.shape(), vocab_size)
+
+    def from_hf(self, hsd: dict[str, torch.Tensor], m: ModelConfig, padded_vocab: int, *,
+                binary_head: bool) -> dict[str, torch.Tensor]:
+        return electra_hf_to_mcore(hsd, None, m.shape(), m.shape(), padded_vocab, "")
+
+    def build_pretraining_model(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype) -> MegatronModule:
+        from bio_megatron.models.electra import build_electra_model
+
+        return build_electra_model(m, vocab_size, dtype)
+
+
+ELECTRA = ElectraFamily()
