@@ -4,7 +4,7 @@ VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-extended venv clean-venv
+.PHONY: demo test test-extended venv clean-venv gpu-pack
 
 # Find a Python >= 3.12 that actually runs: plain names first, then pyenv's installs (whose
 # python3.12 shim refuses to run unless PYENV_VERSION names it).
@@ -41,6 +41,11 @@ test: $(STAMP)
 # Real-data runs of minutes each (BLURB learning checks, every ../shared text through the fast tokenizer).
 test-extended: $(STAMP)
 	$(PY) -m pytest -q --durations=10 -m extended tests
+
+# The wheels a bare GPU machine (PyTorch, transformers, tokenizers, safetensors; no network) lacks, for
+# benchmarks/gpu/check.sh; under 64 MiB (docs/BENCHMARKS.md, "Running the GPU check").
+gpu-pack: $(STAMP)
+	$(PY) benchmarks/gpu/pack.py --out benchmarks/gpu/wheels
 
 clean-venv:
 	rm -rf $(VENV)

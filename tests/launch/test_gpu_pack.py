@@ -1,0 +1,116 @@
+"""``make gpu-pack`` and ``benchmarks/gpu/check.sh --dry-run``: the GPU check's wheels are complete and fit.
+
+The pack is built here by the real script (``benchmarks/gpu/pack.py``, what ``make gpu-pack`` runs; about 5 s with
+pip's cache); where pip cannot reach an index the test uses ``benchmarks/gpu/wheels`` if ``make gpu-pack`` made
+it, else skips. The dry run then installs it into a virtualenv that sees only torch, transformers, tokenizers and
+safetensors (and their dependencies) and imports and runs there what the check runs on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = REPO / "benchmarks" / "gpu"
+PY = sys.executable
+
+
+def _summary_module():
+    spec = importlib.util.spec_from_file_location("gpu_check_summary", GPU / "summary.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _pack(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, str(GPU / "pack.py"), "--out", str(out), *extra], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gpu") / "wheels"
+    proc = _pack(out)
+    if proc.returncode == 2 and "no network" in proc.stderr:
+        if (GPU / "wheels" / "pack.json").is_file():
+            return GPU / "wheels"
+        pytest.skip(f"no package index reachable and no make gpu-pack output: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert "MiB (limit 64 MiB)" in proc.stdout
+    return out
+
+
+def test_pack_holds_what_a_bare_gpu_machine_lacks_and_fits(pack):
+    manifest = json.loads((pack / "pack.json").read_text())
+    files = {w["file"].split("-")[0].lower() for w in manifest["wheels"]}
+    assert {"megatron_core", "omegaconf", "bio_megatron", "pytest", "psutil", "nltk", "tensorboard"} <= files
+    assert not files & {"torch", "transformers", "tokenizers", "safetensors", "numpy", "matplotlib"}
+    total = sum((pack / w["file"]).stat().st_size for w in manifest["wheels"])
+    assert total == manifest["total_bytes"] <= 64 * 2**20
+
+
+def test_dry_run_imports_and_runs_the_check_on_the_pack_alone(pack, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(GPU / "check.sh"), "--dry-run", str(out)], capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "PACK": str(pack), "BASE_PYTHON": PY})
+    assert proc.returncode == 0, (proc.stdout, (out / "check.log").read_text()[-4000:] if out.exists() else "")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and [s["step"] for s in summary["steps"]] == ["clean_env", "install", "dry_run"]
+    dry = json.loads((out / "dry_run.json").read_text())
+    assert dry["imports"]["failed"] == {} and dry["imports"]["modules"] > 100
+    assert {"megatron.core.optimizer", "omegaconf", "psutil", "torch.utils.tensorboard"} <= set(
+        dry["imports"]["lazy_third_party"])
+    counts = _summary_module().junit(out / "gpu_tests.xml")["counts"]  # collected, imported, skipped without CUDA
+    assert counts["skipped"] >= 5 and counts["passed"] == counts["failed"] == counts["error"] == 0
+    bench = json.loads((out / "bench_pretrain_tiny.json").read_text())
+    assert bench["ours"]["tokens_per_s"] > 0 and bench["hf"]["tokens_per_s"] > 0
+    memory = json.loads((out / "memory_tiny.json").read_text())
+    assert [r["micro_batch"] for r in memory["per_micro_batch"]] == [1, 2]
+
+
+def test_clean_env_sees_only_the_four_and_their_dependencies(tmp_path):
+    proc = subprocess.run([PY, str(GPU / "clean_env.py"), str(tmp_path / "env")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    probe = ("import importlib.util as u, json; print(json.dumps({m: u.find_spec(m) is not None for m in "
+             "['torch', 'transformers', 'tokenizers', 'safetensors', 'numpy', 'yaml', 'megatron', 'omegaconf', "
+             "'psutil', 'pytest', 'nltk', 'bio_megatron']}))")
+    seen = json.loads(subprocess.run([proc.stdout.strip(), "-c", probe], capture_output=True, text=True,
+                                     cwd=tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+                                     timeout=60).stdout)
+    assert seen == {"torch": True, "transformers": True, "tokenizers": True, "safetensors": True, "numpy": True,
+                    "yaml": True, "megatron": False, "omegaconf": False, "psutil": False, "pytest": False,
+                    "nltk": False, "bio_megatron": False}
+
+
+def test_pack_over_the_limit_is_refused_and_writes_nothing(tmp_path):
+    out = tmp_path / "wheels"
+    proc = _pack(out, "--limit-mib", "1")
+    if "no network" in proc.stderr:
+        pytest.skip("no package index reachable")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "over the 1 MiB" in proc.stderr
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_pack_refuses_a_folder_it_did_not_write(tmp_path):
+    out = tmp_path / "wheels"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    proc = _pack(out)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a pack" in proc.stderr
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+
+
+def test_check_without_a_pack_is_one_line(tmp_path):
+    proc = subprocess.run(["bash", str(GPU / "check.sh"), "--dry-run", str(tmp_path / "out")], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PACK": str(tmp_path / "none")})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "make gpu-pack" in proc.stderr
+    assert not (tmp_path / "out").exists()
