@@ -1,4 +1,5 @@
-"""``bio-megatron vocab``: learn a domain WordPiece or byte-level BPE vocabulary; measure how well a vocabulary fits NER data."""
+"""``bio-megatron vocab``: learn a domain WordPiece, byte-level BPE or SentencePiece (ALBERT) vocabulary; measure
+how well a vocabulary fits NER data."""
 
 from __future__ import annotations
 
@@ -18,10 +19,21 @@ def _train(args: argparse.Namespace) -> int:
         json.dump(res, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
+    if args.type == "sentencepiece":  # one file, ALBERT's spiece.model; lower-cased unless --cased, as ALBERT
+        from bio_megatron.vocab.train import train_sentencepiece_vocab
+
+        output = "spiece.model" if args.output is None else args.output
+        check_output_file(output)  # before SentencePiece trains, not after
+        res = train_sentencepiece_vocab(args.input, output, size=args.size or 30_000,
+                                        lowercase=args.uncased is not False, max_sentences=args.max_sentences,
+                                        threads=args.threads)
+        json.dump(res, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
     args.output = args.output or "vocab.txt"
     args.size = args.size or 30000
     check_output_file(args.output)  # before SentencePiece trains, not after
-    res = train_vocab(args.input, args.output, size=args.size, lowercase=args.uncased,
+    res = train_vocab(args.input, args.output, size=args.size, lowercase=bool(args.uncased),
                       model_type=args.model_type, max_sentences=args.max_sentences, threads=args.threads)
     json.dump(res, sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -44,18 +56,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="vocab_command", metavar="STEP", required=True)
 
     t = sub.add_parser("train", help="JSONL documents -> BERT WordPiece vocab.txt (SentencePiece) or, with "
-                                     "--type bpe, a RoBERTa byte-level BPE folder (vocab.json + merges.txt)")
+                                     "--type bpe, a RoBERTa byte-level BPE folder (vocab.json + merges.txt), or, "
+                                     "with --type sentencepiece, an ALBERT spiece.model")
     t.add_argument("--input", nargs="+", required=True, help="JSONL documents (bio-megatron data pubmed/pmc)")
-    t.add_argument("--type", choices=["wordpiece", "bpe"], default="wordpiece",
-                   help="wordpiece: BERT vocab.txt; bpe: RoBERTa/bio-lm byte-level BPE (<s> <pad> </s> <unk> ... <mask>)")
-    t.add_argument("--output", default=None, help="vocab.txt (wordpiece) / a folder, default bpe_vocab (bpe)")
+    t.add_argument("--type", choices=["wordpiece", "bpe", "sentencepiece"], default="wordpiece",
+                   help="wordpiece: BERT vocab.txt; bpe: RoBERTa/bio-lm byte-level BPE (<s> <pad> </s> <unk> ... "
+                        "<mask>); sentencepiece: ALBERT's unigram spiece.model (<pad> <unk> [CLS] [SEP] [MASK])")
+    t.add_argument("--output", default=None, help="vocab.txt (wordpiece) / a folder, default bpe_vocab (bpe) / "
+                                                  "spiece.model (sentencepiece)")
     t.add_argument("--size", type=int, default=None,
                    help="tokens, specials included (wordpiece default 30000, paper: 30000, 50000; bpe default "
-                        "50265 as roberta-base / bio-lm)")
+                        "50265 as roberta-base / bio-lm; sentencepiece default 30000 as ALBERT)")
     case = t.add_mutually_exclusive_group()
-    case.add_argument("--cased", dest="uncased", action="store_false", help="keep case (default)")
-    case.add_argument("--uncased", dest="uncased", action="store_true", help="lower-case and strip accents")
-    t.set_defaults(uncased=False)
+    case.add_argument("--cased", dest="uncased", action="store_false",
+                      help="keep case (default, except for sentencepiece)")
+    case.add_argument("--uncased", dest="uncased", action="store_true",
+                      help="lower-case and strip accents (default for sentencepiece, as ALBERT)")
+    t.set_defaults(uncased=None)
     t.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe")
     t.add_argument("--max-sentences", type=int, default=5_000_000, help="sentences used for training")
     t.add_argument("--threads", type=int, default=2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -155,8 +156,8 @@ CHECKED: dict[str, tuple[tuple[Any, ...], str]] = {
                                                           "activations_checkpoint_num_layers on every pipeline stage"),
     "model.fp32_residual_connection": ((False,), "residuals stay in the compute dtype"),
     "model.fp16_lm_cross_entropy": ((False,), "the LM loss is computed in fp32"),
-    "model.tokenizer.model": ((None,), "WordPiece vocabularies only (model.tokenizer.vocab_file)"),
-    "model.tokenizer.tokenizer_model": ((None,), "WordPiece vocabularies only (model.tokenizer.vocab_file)"),
+    "model.tokenizer.model": ((None,), "a SentencePiece model needs model.tokenizer.library=sentencepiece"),
+    "model.tokenizer.tokenizer_model": ((None,), "a SentencePiece model needs model.tokenizer.library=sentencepiece"),
     "model.tokenizer.merge_file": ((None,), "WordPiece vocabularies only (no BPE merges)"),
     "model.data.data_impl": (("mmap",), "megatron-core's indexed .bin/.idx datasets"),
     "model.data.dataloader_type": (("single",), "samples are read in megatron-core's (pre-shuffled) order"),
@@ -408,9 +409,12 @@ def _tokenizer(d: _Doc) -> None:
     hf_name = d.pop("model.tokenizer.tokenizer_name")
     model_name = d.pop("__model_name")
     vocab = d.pop("model.tokenizer.vocab_file")
+    if library == "sentencepiece":
+        _sentencepiece(d, vocab, type_ or hf_name)
+        return
     if library not in (None, "megatron", "huggingface"):
-        d.problems.append(f"model.tokenizer.library ({library!r}) must be 'megatron' or 'huggingface' here "
-                          "(WordPiece vocabularies only)")
+        d.problems.append(f"model.tokenizer.library ({library!r}) must be 'megatron', 'huggingface' (WordPiece, "
+                          "BPE) or 'sentencepiece' (ALBERT's spiece.model) here")
         return
     if type_ is not None and type_ not in MEGATRON_TOKENIZERS:
         d.problems.append(f"model.tokenizer.type ({type_!r}) must be one of {', '.join(MEGATRON_TOKENIZERS)}")
@@ -428,6 +432,36 @@ def _tokenizer(d: _Doc) -> None:
         d.set("model.tokenizer.vocab_file", vocab if vocab is not None else builtin, src)
     if lower is not None and "model.tokenizer.do_lower_case" not in d.out | d.flat:
         d.set("model.tokenizer.do_lower_case", lower, "model.tokenizer.type")
+
+
+def _sentencepiece(d: _Doc, vocab: Any, name: Any) -> None:
+    """NeMo's SentencePiece tokenizer: ``library: sentencepiece`` with the ``.model`` in ``tokenizer_model`` (NeMo's
+    NLP configs; ``model`` in its Megatron configs) becomes ``model.tokenizer.vocab_file``, which every reader here
+    takes (:func:`bio_megatron.vocab.bpe.load_tokenizer` knows a ``.model``)."""
+    keys = ("model.tokenizer.tokenizer_model", "model.tokenizer.model")
+    given = {k: v for k in keys if (v := d.pop(k)) is not None}
+    if vocab is not None:
+        given["model.tokenizer.vocab_file"] = vocab
+    if name is not None:
+        d.problems.append(f"model.tokenizer.type / tokenizer_name ({name!r}) name a WordPiece vocabulary: with "
+                          "model.tokenizer.library=sentencepiece give only model.tokenizer.tokenizer_model=X.model")
+        return
+    if any(d.from_cli(k) for k in given):  # a command-line key wins over the recipe's (e.g. its vocab_file)
+        given = {k: v for k, v in given.items() if d.from_cli(k)}
+    if len(set(map(str, given.values()))) > 1:
+        d.problems.append(" and ".join(f"{k} ({v!r})" for k, v in given.items()) + " name different files: keep one")
+        return
+    src, model = next(iter(given.items()), (None, None))
+    if src is None or (src == "model.tokenizer.vocab_file" and not str(model).endswith(".model")):
+        found = f" (model.tokenizer.vocab_file is {model!r})" if src else ""
+        d.problems.append("model.tokenizer.library (sentencepiece) needs model.tokenizer.tokenizer_model=X.model "
+                          f"(an ALBERT spiece.model from `bio-megatron vocab train --type sentencepiece`){found}")
+        return
+    if not str(model).endswith(".model") and not Path(str(model)).is_dir():
+        d.problems.append(f"{src} ({model!r}) must be a SentencePiece .model file (an ALBERT spiece.model) with "
+                          "model.tokenizer.library=sentencepiece")
+        return
+    d.set("model.tokenizer.vocab_file", model, src)
 
 
 def _datasets(d: _Doc, task: str, world_size: int | None) -> None:

@@ -6,7 +6,7 @@ The record serves three checks that megatron's ``.bin/.idx`` cannot answer by th
   exactly these files (sizes and the ``.idx`` checksum); a user's files of the same name are refused unless
   ``--overwrite``. The shard folder's ``manifest.json`` plays the same role for ``<prefix>.shards/``.
 * **Vocabulary**: the record holds the vocabulary's content hash (:func:`vocab_fingerprint`: sha256 of the
-  ``vocab.txt``, or of ``vocab.json`` + ``merges.txt``), kind and casing. Pretraining compares it with
+  ``vocab.txt``, of ``vocab.json`` + ``merges.txt``, or of a SentencePiece ``.model``), kind and casing. Pretraining compares it with
   ``model.tokenizer.vocab_file``: the same size but permuted vocabulary passes every id-range check and trains
   on garbage, so only the content hash catches it (:func:`check_data_vocab`).
 * Data without a record (tokenized before records existed, or by Megatron-LM's ``preprocess_data.py``) is
@@ -46,20 +46,25 @@ def file_sha256(path: str | os.PathLike, h: Any = None) -> str:
 
 def vocab_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
     """``{"path", "kind", "sha256", "bytes"}`` of a vocabulary: a WordPiece ``vocab.txt`` (its bytes), or a
-    byte-level BPE folder / ``vocab.json`` (the bytes of ``vocab.json`` then ``merges.txt``). Built-in names
+    byte-level BPE folder / ``vocab.json`` (the bytes of ``vocab.json`` then ``merges.txt``), or an ALBERT
+    SentencePiece ``.model`` (kind ``sentencepiece``, the file's bytes). Built-in names
     (``bert-base-cased``) resolve to the bundled file. Two vocabularies are the same iff the sha256 agree.
 
     Shared with the checkpoint side, which records the same fingerprint in a checkpoint."""
     from bio_megatron.vocab.bpe import bpe_files
     from bio_megatron.vocab.builtin import resolve_vocab
 
+    from bio_megatron.vocab.sentencepiece import spiece_file
+
     p = resolve_vocab(path)
     files = bpe_files(p)
-    parts = list(files) if files is not None else [p]
+    spiece = spiece_file(p) if files is None else None  # ALBERT's spiece.model: the .model file's bytes
+    parts = list(files) if files is not None else [spiece or p]
+    kind = "bpe" if files is not None else "sentencepiece" if spiece is not None else "wordpiece"
     h = hashlib.sha256()
     for f in parts:
         file_sha256(f, h)
-    return {"path": str(Path(parts[0]).resolve()), "kind": "bpe" if files is not None else "wordpiece",
+    return {"path": str(Path(parts[0]).resolve()), "kind": kind,
             "sha256": h.hexdigest(), "bytes": sum(Path(f).stat().st_size for f in parts)}
 
 

@@ -53,6 +53,7 @@ from bio_megatron.utils.input_files import check_input_file, os_error
 from bio_megatron.utils.lock import exclusive_lock
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.bpe import bpe_files, is_bpe, load_tokenizer
+from bio_megatron.vocab.sentencepiece import spiece_file
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
@@ -210,6 +211,8 @@ def tokenize_corpus(inputs: list[str | Path] | str | Path, vocab: str | Path, ou
     vocab = Path(vocab)
     if is_bpe(vocab):  # a byte-level BPE folder: its vocab.json names (and fingerprints) the vocabulary
         vocab = bpe_files(vocab)[0]
+    elif vocab.is_dir() and spiece_file(vocab) is not None:  # an ALBERT folder: its spiece.model
+        vocab = spiece_file(vocab)
     tokenizer = load_tokenizer(vocab, lowercase=lowercase)  # validates the vocab before any work
     prefix = Path(output_prefix)
     record.check_output_owned(prefix, overwrite)  # before any work: a refusal costs nothing

@@ -188,6 +188,8 @@ def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: d
     if Path(vocab_file).name == "vocab.json":  # byte-level BPE (RoBERTa): its merges travel with it
         for name in ("vocab.json", "merges.txt"):
             shutil.copyfile(Path(vocab_file).parent / name, directory / name)
+    elif Path(vocab_file).suffix == ".model":  # ALBERT's SentencePiece model, under the name transformers reads
+        shutil.copyfile(vocab_file, directory / "spiece.model")
     else:
         shutil.copyfile(vocab_file, directory / "vocab.txt")
     for name, text in (files or {}).items():

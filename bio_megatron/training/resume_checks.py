@@ -55,7 +55,7 @@ CHECKED: dict[str, tuple[str, bool]] = {
     "model.optim.sched.decay_steps": ("the restored LR schedule keeps the checkpoint's", False),
     "model.optim.sched.constant_steps": ("the restored LR schedule keeps the checkpoint's", False),
 }
-VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt")
+VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model")
 
 
 def vocab_files(vocab_file: str | Path) -> list[Path]:

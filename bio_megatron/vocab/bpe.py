@@ -149,11 +149,15 @@ class BPETokenizer(RustBackedTokenizer):
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None):
-    """A :class:`BPETokenizer` for a BPE folder / ``vocab.json``, else a WordPiece tokenizer over ``vocab.txt``."""
+    """A :class:`BPETokenizer` for a BPE folder / ``vocab.json``, an ALBERT SentencePiece tokenizer for a ``.model``
+    (:mod:`bio_megatron.vocab.sentencepiece`), else a WordPiece tokenizer over ``vocab.txt``."""
+    from bio_megatron.vocab.sentencepiece import SentencePieceTokenizer, is_sentencepiece
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     if is_bpe(path):
         return BPETokenizer(path)
+    if is_sentencepiece(path):
+        return SentencePieceTokenizer(path, lowercase=lowercase)
     return WordPieceTokenizer(path, lowercase=lowercase)
 
 

@@ -39,10 +39,13 @@ def _normalizer(lowercase: bool):
 
 
 def write_training_text(inputs: list[Path], out: Path, lowercase: bool, max_sentences: int | None,
-                        raw: bool = False) -> dict[str, int]:
+                        raw: bool = False, prepare: Any = None) -> dict[str, int]:
     """One pre-tokenized sentence a line (``raw``: the sentence as is, for byte-level BPE, which sees the
-    text exactly as ``data tokenize`` will give it); returns counts."""
+    text exactly as ``data tokenize`` will give it; ``prepare``: a ``tokenizers`` normaliser applied to the raw
+    sentence, for SentencePiece); returns counts."""
     norm, pre = _normalizer(lowercase)
+    if prepare is not None:
+        raw = True
     stats = ReadStats()
     n = 0
     progress = Progress("vocab training sentences")
@@ -51,6 +54,8 @@ def write_training_text(inputs: list[Path], out: Path, lowercase: bool, max_sent
             for _, doc in iter_documents(path, stats):
                 for sent in doc["sentences"]:
                     if raw:
+                        if prepare is not None:
+                            sent = prepare.normalize_str(sent)
                         if sent.strip():
                             fh.write(sent.replace("\n", " ") + "\n")
                             n += 1
@@ -153,3 +158,57 @@ def train_vocab(inputs: list[str | Path] | str | Path, output: str | Path, size:
              summary["continuations"], counts["sentences"], output)
     return summary
 
+
+
+def train_sentencepiece_vocab(inputs: list[str | Path] | str | Path, output: str | Path, size: int = 30_000,
+                              lowercase: bool = True, max_sentences: int | None = 5_000_000,
+                              character_coverage: float = 0.99995, threads: int = 1) -> dict[str, Any]:
+    """Learn an ALBERT-style SentencePiece unigram model (``spiece.model``) from JSONL documents; write
+    ``output`` atomically.
+
+    As ALBERT's published model: unigram, ``<pad>`` 0, ``<unk>`` 1, then ``[CLS]`` ``[SEP]`` ``[MASK]`` as
+    control pieces (2..4; never produced from text), no BOS/EOS pieces, the ``nmt_nfkc`` normalisation, and
+    (``lowercase``) lower-cased text. The training text is prepared as the tokenizer prepares text at encode
+    time (``vocab/sentencepiece.py``: quotes, accents stripped, lower-casing), so the pieces are learned from
+    what ``data tokenize`` will show the model. ALBERT's README also makes a few punctuation marks user-defined
+    pieces; they are left out here because transformers' ``AlbertTokenizer`` splits text at user-defined pieces
+    before the model (the ``sentencepiece`` library does not), so the two would disagree on most sentences."""
+    import sentencepiece as spm
+    from tokenizers import normalizers
+
+    from bio_megatron.vocab.sentencepiece import SPIECE_SPECIALS, SentencePieceTokenizer
+
+    paths = [Path(inputs)] if isinstance(inputs, (str, Path)) else [Path(p) for p in inputs]
+    if size < 100:
+        raise DataError(f"SentencePiece vocabulary size {size} is too small (at least 100)")
+    steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"'), normalizers.NFKD(),
+             normalizers.StripAccents()]
+    prepare = normalizers.Sequence(steps + [normalizers.Lowercase()] if lowercase else steps)
+    with tempfile.TemporaryDirectory(prefix="bio-megatron-spiece-") as tmp:
+        text = Path(tmp) / "train.txt"
+        counts = write_training_text(paths, text, lowercase, max_sentences, prepare=prepare)
+        prefix = str(Path(tmp) / "spiece")
+        try:
+            spm.SentencePieceTrainer.train(
+                input=str(text), model_prefix=prefix, vocab_size=size, model_type="unigram",
+                pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, control_symbols=list(SPIECE_SPECIALS[2:]),
+                normalization_rule_name="nmt_nfkc", character_coverage=character_coverage,
+                hard_vocab_limit=False,  # a small corpus gives fewer pieces than asked for: warned below
+                max_sentence_length=1 << 16, num_threads=max(1, threads), minloglevel=2,
+                input_sentence_size=max_sentences or 0, shuffle_input_sentence=True)
+        except RuntimeError as exc:  # e.g. a corpus too small for even the characters it holds
+            raise DataError(f"SentencePiece could not learn a vocabulary: {exc}",
+                            ", ".join(map(str, paths))) from None
+        model = Path(prefix + ".model").read_bytes()
+    with atomic_open(output, "wb") as fh:
+        fh.write(model)
+    tok = SentencePieceTokenizer(output, lowercase=lowercase)  # the written file must pass every consumer's checks
+    if tok.vocab_size < size:
+        log.warning("the corpus only supports %d pieces (asked for %d): train on more text for a full "
+                    "vocabulary", tok.vocab_size, size)
+    summary = {**counts, "vocab_size": tok.vocab_size, "requested_size": size, "type": "sentencepiece",
+               "model_type": "unigram", "lowercase": lowercase, "specials": list(SPIECE_SPECIALS),
+               "output": str(output)}
+    log.info("SentencePiece unigram model: %d pieces (%s) from %d sentences -> %s", tok.vocab_size,
+             "lower-cased" if lowercase else "cased", counts["sentences"], output)
+    return summary
