@@ -66,7 +66,9 @@ class ExpManagerConfig:
 @dataclass
 class TokenizerConfig:
     vocab_file: str = "bert_base_uncased"
-    """A WordPiece vocab.txt path, or a built-in name: bert_base_cased, bert_base_uncased."""
+    """A WordPiece vocab.txt path, a byte-level BPE folder / vocab.json, an ALBERT SentencePiece .model (NeMo's
+    ``library: sentencepiece`` + ``tokenizer_model: X.model`` set this key), or a built-in name: bert_base_cased,
+    bert_base_uncased."""
     do_lower_case: bool | None = None
     """None: guessed from the vocabulary."""
 
