@@ -120,7 +120,10 @@ class SchedConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["adam", "adamw", "fused_adam"] = "adamw"
+    name: Literal["adam", "adamw", "fused_adam", "lamb"] = "adamw"
+    """NeMo's names. adam: L2 weight decay added to the gradient; adamw, fused_adam: decoupled weight decay;
+    lamb: LAMB (You et al. 2020; ALBERT, BioM-ALBERT), layer-wise trust ratio over decoupled weight decay
+    (``bio_megatron/training/lamb.py``)."""
     lr: float = 2e-4
     weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -129,7 +132,21 @@ class OptimConfig:
     """torch.optim's ``fused`` (as NeMo passes it to a torch optimizer), where megatron-core runs torch's Adam
     (no Transformer Engine/apex): null = the fused kernel on CPU, torch's default on GPU; false = torch's
     default (single-tensor on CPU: the numerics of runs before 2026-11-23). See docs/BENCHMARKS.md."""
+    bias_correction: bool = True
+    """name lamb only (apex FusedLAMB's / NeMo's key): divide the moments by 1 - beta^t, as apex does; false gives
+    the update of the TF LAMB that ALBERT and BioM-ALBERT were trained with (no bias correction)."""
     sched: SchedConfig = field(default_factory=SchedConfig)
+
+    def problems(self) -> list[str]:
+        """Settings the chosen optimizer does not have."""
+        if self.name != "lamb":
+            return [] if self.bias_correction else [
+                f"model.optim.bias_correction (false) applies to model.optim.name lamb only (got {self.name}): "
+                "Adam always corrects its moments' bias"]
+        if self.fused is not None:
+            return [f"model.optim.fused ({str(self.fused).lower()}) chooses torch's Adam kernel; "
+                    "model.optim.name lamb has no such option: leave it null"]
+        return []
 
 
 @dataclass
@@ -406,6 +423,7 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
                             f"({sc.decay_steps})")
     if len(m.optim.betas) != 2:
         problems.append(f"model.optim.betas ({m.optim.betas}) must be two numbers")
+    problems += m.optim.problems()
     if m.transformer_block_type == "post_ln" and m.transformer_impl == "transformer_engine":
         problems.append("model.transformer_block_type (post_ln) needs model.transformer_impl local or auto, not "
                         "transformer_engine (its BERT spec fuses each LayerNorm into the next linear: pre-LN only)")

@@ -1,4 +1,4 @@
-"""megatron-core optimizer (Adam/AdamW, weight decay, grad clipping, optional distributed optimizer)
+"""megatron-core optimizer (Adam/AdamW or LAMB, weight decay, grad clipping, optional distributed optimizer)
 and its LR scheduler (warmup, then linear/cosine decay)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from bio_megatron.config.pretrain import ModelConfig, OptimConfig
+from bio_megatron.training.lamb import install_lamb
 
 
 def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, clip_grad: float,
@@ -18,7 +19,7 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
     amp = scaler or ModelConfig()
     cfg = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.sched.min_lr, weight_decay=optim.weight_decay,
-        # NeMo's fused_adam and adamw decouple weight decay (AdamW); plain "adam" adds it to the gradient.
+        # NeMo's fused_adam and adamw decouple weight decay (AdamW), as LAMB does; plain "adam" adds it to the gradient.
         decoupled_weight_decay=optim.name != "adam",
         adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_eps=optim.eps, clip_grad=clip_grad,
         bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, params_dtype=dtype,
@@ -27,7 +28,11 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         hysteresis=amp.hysteresis, min_loss_scale=amp.min_loss_scale,
     )
     optimizer = get_megatron_optimizer(cfg, model_chunks)
-    choose_adam_kernel(optimizer, optim.fused)
+    if optim.name == "lamb":
+        # megatron-core builds Adam only (or SGD); LAMB replaces it inside megatron's own wrappers.
+        install_lamb(optimizer, optim, model_chunks)
+    else:
+        choose_adam_kernel(optimizer, optim.fused)
     if loss_scale(optimizer) is not None:
         # The pipeline schedules multiply each micro-batch's loss by config.grad_scale_func before backward
         # (Megatron-LM's trainer wires it the same way); without it the optimizer would unscale gradients
