@@ -22,7 +22,10 @@ set -euo pipefail
 PYTHON="${PYTHON:-python3}"             # the machine's interpreter with torch & co. (not used by --dry-run)
 TOTAL_S="${TOTAL_S:-540}"               # the whole check, install included: 9 minutes
 LIMIT_INSTALL=60 LIMIT_TESTS=200 LIMIT_BENCH=150 LIMIT_MEMORY=120 LIMIT_FINETUNE=90 LIMIT_DRY=240
-BENCH_FINETUNE_ARGS="${BENCH_FINETUNE_ARGS:-}"  # extra arguments for bench finetune
+# bench finetune: real BC5CDR-chem sentences of the tree (NER) and GAD (classification), bf16, the seeded tiny BERT
+BENCH_FINETUNE_ARGS="${BENCH_FINETUNE_ARGS:---ner-train tests/fixtures/finetune/bc5cdr_chem_train_head.tsv \
+--ner-dev tests/fixtures/finetune/bc5cdr_chem_devel_head.tsv --classify-train tests/fixtures/blurb/GAD/test.tsv \
+--classify-task gad --precision bf16 --threads 4}"
 # -----------------------------------------------------------------------------------------------------------------
 
 die() { echo "error: $*" >&2; exit 2; }

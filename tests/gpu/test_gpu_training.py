@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ def scenarios(tmp_path_factory) -> dict:
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(out.read_text())
+    if os.environ.get("BIO_MEGATRON_GPU_CHECK_OUT"):  # benchmarks/gpu/check.sh keeps the figures beside its summary
+        shutil.copyfile(out, Path(os.environ["BIO_MEGATRON_GPU_CHECK_OUT"]) / "gpu_scenarios.json")
     assert res["cuda"], "the scenario process saw no GPU"
     return res
 
