@@ -110,8 +110,9 @@ else
   # the tree first: the checked code is this checkout's, the pack supplies the dependencies
   export PYTHONPATH="$REPO:$SITE" PATH="$SITE/bin:$PATH" BIO_MEGATRON_GPU_CHECK_OUT="$DEST"
   cd "$REPO"
-  step gpu_tests "$LIMIT_TESTS" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/gpu \
-      --junitxml="$DEST/gpu_tests.xml"
+  # only our test plugins: a machine's own pytest plugins (xdist, benchmark, cov, ...) are not this pytest's
+  step gpu_tests "$LIMIT_TESTS" env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -q -m gpu -p pytest_timeout \
+      -p no:cacheprovider tests/gpu --junitxml="$DEST/gpu_tests.xml"
   step bench_345m "$LIMIT_BENCH" "$PY" -m bio_megatron bench pretrain --size 345m --seq 512 --precision bf16 \
       --micro-batch 8 --json "$DEST/bench_345m.json"
   step memory_1p2b "$LIMIT_MEMORY" "$PY" benchmarks/gpu/memory.py --size 1.2b --seq 512 --precision bf16 \

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import pkgutil
 import sys
 import time
@@ -82,7 +83,8 @@ def import_everything() -> dict[str, Any]:
 def run_gpu_tests(out: Path) -> dict[str, Any]:
     import pytest
 
-    rc = pytest.main(["-q", "-m", "gpu", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-c",
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # as check.sh runs them: our plugins only
+    rc = pytest.main(["-q", "-m", "gpu", "-p", "pytest_timeout", "-p", "no:cacheprovider", "--rootdir", str(REPO), "-c",
                       str(REPO / "pyproject.toml"), "--junitxml", str(out / "gpu_tests.xml"), str(REPO / "tests" / "gpu")])
     return {"rc": int(rc)}
 
