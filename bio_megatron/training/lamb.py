@@ -33,33 +33,39 @@ import torch.distributed as dist
 from bio_megatron.config.pretrain import OptimConfig
 from bio_megatron.utils.log import get_logger
 
-# (tensors, their updates) -> (||tensor||, ||update||) as two 1-D tensors, one entry per tensor.
-NormFn = Callable[[list[torch.Tensor], list[torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+class LocalNorms:
+    """Each tensor's own L2 norm (one process holding whole parameters). A norms object is used in two phases:
+    ``partial`` per tensor while its update exists, then one ``reduce`` for all of them."""
 
+    def partial(self, p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Squared norms of this rank's counted part of ``p`` and of its update ``u`` (float64)."""
+        return p.double().square().sum(), u.double().square().sum()
 
-def local_norms(params: list[torch.Tensor], updates: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each tensor's own L2 norm (a single process holding whole parameters)."""
-    if not params:
-        empty = torch.zeros(0)
-        return empty, empty
-    return (torch.stack([torch.linalg.vector_norm(p) for p in params]),
-            torch.stack([torch.linalg.vector_norm(u) for u in updates]))
+    def reduce(self, params: list[torch.Tensor], sq_w: list[torch.Tensor],
+               sq_u: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(||p||, ||u||) for each of ``params`` from the partial squared norms."""
+        if not params:
+            empty = torch.zeros(0, dtype=torch.float64)
+            return empty, empty
+        return torch.stack(sq_w).sqrt(), torch.stack(sq_u).sqrt()
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB over plain tensors; ``norms`` says how a tensor's norm is taken (default: locally).
+    """LAMB over plain tensors; ``norms`` says how a tensor's norm is taken (default: :class:`LocalNorms`).
 
     State per tensor is Adam's (``exp_avg``, ``exp_avg_sq``, ``step``), so megatron-core's checkpointing of the
     (distributed) optimizer stores and restores it as it does torch's Adam; the step count also lives in each
-    param group (``step``), as apex's optimizers keep it, and is read from there."""
+    param group (``step``), as apex's optimizers keep it, and is read from there. Memory is Adam's: an update
+    exists for one tensor at a time (computed once for its norm, then again, identically, to apply it once all
+    norms are known), where holding all of them would add 4 bytes per parameter."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.01, bias_correction: bool = True,
-                 norms: NormFn | None = None):
+                 norms: LocalNorms | None = None):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction)
         super().__init__(params, defaults)
-        self.norms = norms or local_norms
+        self.norms = norms or LocalNorms()
 
     @torch.no_grad()
     def init_state(self) -> None:
@@ -73,19 +79,29 @@ class Lamb(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p)
                     state["step"] = torch.tensor(float(group.get("step", 0)))
 
+    @staticmethod
+    def _update(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, group: dict, bc1: float,
+                bc2: float) -> torch.Tensor:
+        """m^ / (sqrt(v^) + eps) + weight_decay * p, a new tensor."""
+        u = (m / bc1).div_((v / bc2).sqrt_().add_(group["eps"]))
+        if group["weight_decay"] != 0:
+            u.add_(p, alpha=group["weight_decay"])
+        return u
+
     @torch.no_grad()
     def step(self, closure: Callable | None = None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        adapted: list[tuple[torch.Tensor, torch.Tensor, float]] = []  # (x, u, lr) whose ratio needs norms
+        adapted: list[tuple[torch.Tensor, dict, float, float]] = []  # tensors whose ratio needs the norms
+        sq_w: list[torch.Tensor] = []
+        sq_u: list[torch.Tensor] = []
         for group in self.param_groups:
             step = int(group.get("step", 0)) + 1
             group["step"] = step
             b1, b2 = group["betas"]
             bc1, bc2 = (1.0 - b1 ** step, 1.0 - b2 ** step) if group["bias_correction"] else (1.0, 1.0)
-            wd, lr = group["weight_decay"], group["lr"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -99,18 +115,22 @@ class Lamb(torch.optim.Optimizer):
                 m, v, g = state["exp_avg"], state["exp_avg_sq"], p.grad
                 m.mul_(b1).add_(g, alpha=1.0 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1.0 - b2)
-                u = (m / bc1).div_((v / bc2).sqrt_().add_(group["eps"]))
-                if wd != 0:
-                    u.add_(p, alpha=wd)
-                    adapted.append((p, u, lr))
-                else:
-                    p.add_(u, alpha=-lr)
-        # One call for all adapted tensors: with a layout-aware ``norms`` that is one collective per step.
-        w_norm, u_norm = self.norms([x for x, _, _ in adapted], [u for _, u, _ in adapted])
+                u = self._update(p, m, v, group, bc1, bc2)
+                if group["weight_decay"] == 0:  # no layer adaptation: ratio 1
+                    p.add_(u, alpha=-group["lr"])
+                    continue
+                w2, u2 = self.norms.partial(p, u)
+                adapted.append((p, group, bc1, bc2))
+                sq_w.append(w2)
+                sq_u.append(u2)
+        # One reduction for all adapted tensors, on every rank even with none: a collective when layout-aware.
+        w_norm, u_norm = self.norms.reduce([p for p, _, _, _ in adapted], sq_w, sq_u)
         ratios = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm.clamp_min(torch.finfo(u_norm.dtype).tiny),
                              torch.ones_like(w_norm))
-        for (x, u, lr), ratio in zip(adapted, ratios):
-            x.add_(u.mul_(ratio.to(u.dtype)), alpha=-lr)
+        for (p, group, bc1, bc2), ratio in zip(adapted, ratios):
+            state = self.state[p]
+            u = self._update(p, state["exp_avg"], state["exp_avg_sq"], group, bc1, bc2)
+            p.add_(u.mul_(ratio.to(u.dtype)), alpha=-group["lr"])
         return loss
 
 
@@ -121,7 +141,7 @@ class Span(NamedTuple):
     counted: bool  # False for a TP-replicated tensor on TP ranks > 0 (rank 0 speaks for the group)
 
 
-class WholeParamNorms:
+class WholeParamNorms(LocalNorms):
     """Norms of whole parameters from the pieces each rank holds: squared norms are placed at the parameter's
     index in a vector, summed over the tensor-parallel group (TP-split tensors; replicated ones counted once) and
     over the data-parallel group (distributed-optimizer shards), then square-rooted."""
@@ -131,21 +151,26 @@ class WholeParamNorms:
         self.spans, self.size, self.device = spans, size, device
         self.tp_group, self.dp_group = tp_group, dp_group
 
-    def __call__(self, params: list[torch.Tensor], updates: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def partial(self, p: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s = self.spans[p]
+        if not s.counted or s.hi <= s.lo:
+            zero = torch.zeros((), dtype=torch.float64, device=p.device)
+            return zero, zero
         # float64 so that summing partial squares in another order (another layout) changes nothing visible
+        return (p.reshape(-1)[s.lo:s.hi].double().square().sum(), u.reshape(-1)[s.lo:s.hi].double().square().sum())
+
+    def reduce(self, params: list[torch.Tensor], sq_w: list[torch.Tensor],
+               sq_u: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         sq = torch.zeros(2, self.size, dtype=torch.float64, device=self.device)
-        for p, u in zip(params, updates):
-            s = self.spans[p]
-            if s.counted and s.hi > s.lo:
-                sq[0, s.index] += p.reshape(-1)[s.lo:s.hi].double().square().sum()
-                sq[1, s.index] += u.reshape(-1)[s.lo:s.hi].double().square().sum()
+        pick = torch.tensor([self.spans[p].index for p in params], dtype=torch.long, device=self.device)
+        if params:  # each parameter appears once per rank: a plain scatter
+            sq[0, pick] = torch.stack(sq_w).to(self.device)
+            sq[1, pick] = torch.stack(sq_u).to(self.device)
         for group in (self.tp_group, self.dp_group):
             if group is not None:
                 dist.all_reduce(sq, group=group)
         norms = sq.sqrt()
-        pick = torch.tensor([self.spans[p].index for p in params], dtype=torch.long, device=self.device)
-        dtype = params[0].dtype if params else torch.float32
-        return norms[0, pick].to(dtype), norms[1, pick].to(dtype)
+        return norms[0, pick], norms[1, pick]
 
 
 def _inner_optimizers(optimizer) -> list:
