@@ -185,6 +185,12 @@ class ModelConfig:
     """The encoder family (``bio_megatron/families/``: megatron_bert, bert, roberta, electra, ...), checked against
     that registry when a model is built. Every checkpoint we write records it; null (NeMo's configs, older
     checkpoints) means it is inferred once from objective, tokenizer and block type (``families.family_of_model``)."""
+    embedding_size: int | None = None
+    """family albert: the factorised embedding's width E (word, position and token-type tables E wide, then a
+    linear E -> hidden_size; ALBERT's 128). null: hidden_size. Other families: must stay null."""
+    hidden_act: Literal["gelu", "gelu_new"] | None = None
+    """family albert: the MLP and MLM-head activation, HF's name (gelu_new: the tanh approximation ALBERT uses,
+    the default; gelu: exact). Other families compute exact GELU: must stay null or gelu."""
     transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
     """NeMo's key. pre_ln: Megatron BERT (LayerNorm before each sub-layer, final LayerNorm); post_ln: the
     original BERT order (BioBERT, PubMedBERT: LayerNorm after each residual add, embedding LayerNorm, no
@@ -400,6 +406,7 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
                         f"({m.max_position_embeddings})")
     if not s.num_layers % pp:  # recompute's layer counts are per pipeline stage
         problems += recompute_problems(m)
+    problems += albert_problems(m)
     problems += sequence_parallel_problems(m, pretraining)
     if m.global_batch_size % m.micro_batch_size:
         problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
@@ -444,6 +451,32 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
         if isinstance(t.devices, int) and t.devices * t.num_nodes != world_size:
             problems.append(f"trainer.devices * trainer.num_nodes ({t.devices} * {t.num_nodes}) does not match "
                             f"the launched world size ({world_size}); set trainer.devices=auto or fix the launch")
+    return problems
+
+
+def albert_problems(m: ModelConfig) -> list[str]:
+    """What ``model.family: albert`` (``bio_megatron/models/albert.py``) cannot do, and ALBERT's keys elsewhere."""
+    if m.family != "albert":
+        return [f"model.{k} ({v}) applies to model.family albert only (got family {m.family})" for k, v in (
+            ("embedding_size", m.embedding_size), ("hidden_act", m.hidden_act))
+            if v is not None and not (k == "hidden_act" and v == "gelu")]
+    problems = []
+    if m.pipeline_model_parallel_size != 1:
+        problems.append(f"model.family (albert) needs model.pipeline_model_parallel_size=1 (got "
+                        f"{m.pipeline_model_parallel_size}): its one shared layer would sit on every stage, and "
+                        "megatron-core sums gradients across stages only for the word embeddings")
+    if m.transformer_block_type != "post_ln":
+        problems.append(f"model.family (albert) is post-LN: set model.transformer_block_type=post_ln (got "
+                        f"{m.transformer_block_type})")
+    if m.sequence_parallel:
+        problems.append("model.sequence_parallel (true) is not implemented for model.family albert: set it false")
+    if m.activations_checkpoint_granularity == "full":
+        problems.append("model.activations_checkpoint_granularity (full) is not implemented for model.family albert "
+                        "(one shared layer): use selective or null")
+    if m.objective != "bert":
+        problems.append(f"model.family (albert) pretrains with model.objective=bert (MLM + SOP), got {m.objective}")
+    if m.embedding_size is not None and m.embedding_size < 1:
+        problems.append(f"model.embedding_size ({m.embedding_size}) must be >= 1")
     return problems
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bio_megatron.families.albert import ALBERT
 from bio_megatron.families.base import Family
 from bio_megatron.families.bert import BERT
 from bio_megatron.families.electra import ELECTRA
@@ -26,6 +27,7 @@ FAMILIES: dict[str, Family] = {
     BERT.name: BERT,
     ROBERTA.name: ROBERTA,
     ELECTRA.name: ELECTRA,
+    ALBERT.name: ALBERT,
 }
 
 

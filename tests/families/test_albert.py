@@ -1,0 +1,290 @@
+"""Outside oracle for ALBERT: a random tiny Hugging Face ``AlbertForPreTraining`` (factorised embedding E = 32 ->
+H = 64, one layer shared by 3 applications, gelu_new, SOP head, LayerNorm eps 1e-7 to show it is carried) imported
+with ``bio-megatron import hf --verify`` gives transformers' MLM and SOP logits on a padded batch at TP1 and,
+resharded by dist-checkpointing, at TP2; ``export hf`` writes a folder transformers loads as AlbertForPreTraining
+with the same logits; a token-classification folder round-trips through import and export; fine-tuning's encoder
+(``TaskModel`` through ``Family.task_encoder``) gives AlbertModel's hidden states; what the engine cannot hold is
+refused in one line, exit 2, nothing written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from architectures.hf_parity import (VOCAB_FILE, import_hf_folder, imported, masked_max_diff, padded_batch,
+                                     perturb_norms_and_biases, vocab_lines)
+from harness import run_world
+from reliability.cli_log import run_cli
+from reliability.files import tree_digest
+
+SEQ, E, H, LAYERS = 32, 32, 64, 3
+LABELS = ["O", "B-Chemical", "I-Chemical"]
+
+
+def _config(**extra):
+    from transformers import AlbertConfig
+
+    fields = dict(vocab_size=vocab_lines(), embedding_size=E, hidden_size=H, num_hidden_layers=LAYERS,
+                  num_attention_heads=4, intermediate_size=128, max_position_embeddings=64, type_vocab_size=2,
+                  layer_norm_eps=1e-7, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                  classifier_dropout_prob=0.0, initializer_range=0.2, hidden_act="gelu_new")
+    return AlbertConfig(**{**fields, **extra})
+
+
+def _batch(vocab: int):
+    ids, amask, types = padded_batch(vocab, SEQ, (SEQ, 21, 9))
+    return ids * amask, amask, types
+
+
+def _save(model, folder: str) -> None:
+    model.save_pretrained(folder)
+    shutil.copyfile(VOCAB_FILE, f"{folder}/vocab.txt")
+
+
+def _make_pretraining(folder: str) -> dict:
+    """The random HF AlbertForPreTraining folder and transformers' logits and hidden states on the batch."""
+    import torch
+    from transformers import AlbertForPreTraining
+
+    torch.manual_seed(0)
+    hf = AlbertForPreTraining(_config(architectures=["AlbertForPreTraining"])).eval()
+    perturb_norms_and_biases(hf)
+    _save(hf, folder)
+    ids, amask, types = _batch(hf.config.vocab_size)
+    with torch.no_grad():
+        out = hf(input_ids=ids, attention_mask=amask, token_type_ids=types, output_hidden_states=True)
+    return {"mlm": out.prediction_logits.numpy(), "sop": out.sop_logits.numpy(),
+            "hidden": out.hidden_states[-1].numpy(), "vocab": hf.config.vocab_size}
+
+
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    """(root, transformers' outputs): ``root/hf`` imported to ``root/ckpt`` through the CLI with --verify."""
+    return imported(tmp_path_factory, "hf_albert", _make_pretraining)
+
+
+def _our_logits(ckpt: str, tp: int) -> dict | None:
+    """The imported checkpoint at TP ``tp`` (dist-checkpointing reshards it): MLM logits gathered over TP, SOP."""
+    import torch
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.families import family_of_model
+    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+    from bio_megatron.training.checkpoint import load_checkpoint
+
+    init_distributed()
+    init_model_parallel(tp, 1, seed=1)
+    src = resolve_source(ckpt)
+    m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, bert_binary_head=True, transformer_impl="local",
+                    hidden_dropout=0.0, attention_dropout=0.0)
+    m.make_vocab_size_divisible_by = src.padded_vocab // tp  # the saved padding, sharded over TP
+    vocab = vocab_lines(src.vocab_file)
+    model = family_of_model(m).build_pretraining_model(m, vocab, torch.float32).eval()
+    load_checkpoint(src.path, model, model_only=True)
+    with torch.no_grad():
+        ids, amask, types = _batch(vocab)
+        logits, sop = model(ids, amask, tokentype_ids=types)
+        logits = gather_from_tensor_model_parallel_region(logits)
+    if ps.get_tensor_model_parallel_rank():
+        return None
+    return {"family": src.shape["family"], "mlm": logits[..., :vocab].numpy(), "sop": sop.numpy(),
+            "padded_max": logits[..., vocab:].max().item(), "type": type(model).__name__}
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
+def test_imported_albert_logits_equal_transformers(albert, tp):
+    root, ref = albert
+    if tp == 1:  # import hf --verify compared transformers' own class from the folder with the written checkpoint
+        report = ref["import"]["verify"]
+        assert report["verified"] and report["max_abs_diff"] < 1e-4, report
+    res = [r for r in run_world(tp, _our_logits, str(root / "ckpt"), tp) if r is not None]
+    assert len(res) == 1 and res[0]["family"] == "albert" and res[0]["type"] == "AlbertModel", res
+    valid = _batch(ref["vocab"])[1].bool().numpy()
+    mlm, sop = masked_max_diff(res[0]["mlm"], ref["mlm"], valid), float(abs(res[0]["sop"] - ref["sop"]).max())
+    assert abs(ref["mlm"]).max() > 1.0 and abs(ref["sop"]).max() > 0.05  # non-trivial logits
+    assert mlm < 1e-4 and sop < 1e-4, (mlm, sop)
+    assert res[0]["padded_max"] == float("-inf")  # padded vocabulary entries are never predicted
+    print(f"albert import tp{tp}: max |ours - transformers| MLM {mlm:.2e}, SOP {sop:.2e}")
+
+
+def _export_and_reload(ckpt: str, out: str) -> dict:
+    import torch
+    from transformers import AutoModelForPreTraining, AutoTokenizer
+
+    from bio_megatron.export.hf import export_hf
+
+    info = export_hf(ckpt, out)
+    hf = AutoModelForPreTraining.from_pretrained(out).eval()
+    ids, amask, types = _batch(hf.config.vocab_size)
+    with torch.no_grad():
+        res = hf(input_ids=ids, attention_mask=amask, token_type_ids=types)
+    return {"class": info["class"], "loaded": type(hf).__name__, "mlm": res.prediction_logits.numpy(),
+            "sop": res.sop_logits.numpy(), "config": json.loads(open(f"{out}/config.json").read()),
+            "tokens": AutoTokenizer.from_pretrained(out)("Naloxone")["input_ids"]}
+
+
+def test_export_hf_loads_in_transformers_with_same_logits(albert):
+    root, ref = albert
+    (res,) = run_world(1, _export_and_reload, str(root / "ckpt"), str(root / "export"))
+    assert res["class"] == res["loaded"] == "AlbertForPreTraining", res["class"]
+    cfg = res["config"]
+    assert (cfg["model_type"], cfg["embedding_size"], cfg["num_hidden_groups"], cfg["inner_group_num"],
+            cfg["hidden_act"], cfg["layer_norm_eps"]) == ("albert", E, 1, 1, "gelu_new", 1e-7), cfg
+    valid = _batch(ref["vocab"])[1].bool().numpy()
+    mlm, sop = masked_max_diff(res["mlm"], ref["mlm"], valid), float(abs(res["sop"] - ref["sop"]).max())
+    assert mlm < 1e-4 and sop < 1e-4, (mlm, sop)
+    assert len(res["tokens"]) > 2
+
+
+def _encoder_hidden(path: str, theirs) -> float:
+    """Fine-tuning's encoder (TaskModel through the family's task_encoder, identity head) filled from ``path``."""
+    import torch
+
+    from architectures.hf_parity import encoder_hidden_diff
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+
+    init_distributed()
+    init_model_parallel(1, 1, seed=1)
+    return encoder_hidden_diff(path, *_batch(vocab_lines()), torch.from_numpy(theirs))
+
+
+def test_fine_tuning_encoder_equals_albert_model(albert):
+    root, ref = albert
+    for source in ("ckpt", "hf"):
+        (diff,) = run_world(1, _encoder_hidden, str(root / source), ref["hidden"])
+        assert diff < 1e-4, (source, diff)
+
+
+def _make_token_classifier(folder: str) -> dict:
+    import torch
+    from transformers import AlbertForTokenClassification
+
+    torch.manual_seed(1)
+    cfg = _config(architectures=["AlbertForTokenClassification"], num_labels=len(LABELS),
+                  id2label=dict(enumerate(LABELS)), label2id={t: i for i, t in enumerate(LABELS)})
+    hf = AlbertForTokenClassification(cfg).eval()
+    perturb_norms_and_biases(hf)
+    _save(hf, folder)
+    ids, amask, types = _batch(cfg.vocab_size)
+    with torch.no_grad():
+        return {"logits": hf(input_ids=ids, attention_mask=amask, token_type_ids=types).logits.numpy()}
+
+
+def _export_ner(ckpt: str, out: str) -> dict:
+    import torch
+    from transformers import AutoModelForTokenClassification
+
+    from bio_megatron.export.hf import export_hf
+
+    info = export_hf(ckpt, out)
+    hf = AutoModelForTokenClassification.from_pretrained(out).eval()
+    ids, amask, types = _batch(hf.config.vocab_size)
+    with torch.no_grad():
+        logits = hf(input_ids=ids, attention_mask=amask, token_type_ids=types).logits.numpy()
+    return {"class": info["class"], "loaded": type(hf).__name__, "logits": logits, "labels": info["labels"]}
+
+
+def test_token_classification_folder_round_trips(tmp_path):
+    (ref,) = run_world(1, _make_token_classifier, str(tmp_path / "hf"))
+    (info,) = run_world(1, import_hf_folder, str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+    assert info["rc"] == 0 and info["task"] == "ner" and info["labels"] == LABELS, info
+    assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
+    (res,) = run_world(1, _export_ner, str(tmp_path / "ckpt"), str(tmp_path / "export"))
+    assert res["class"] == res["loaded"] == "AlbertForTokenClassification" and res["labels"] == LABELS, res
+    valid = _batch(vocab_lines())[1].bool().numpy()
+    assert masked_max_diff(res["logits"], ref["logits"], valid) < 1e-4
+
+
+def _write_grouped(folder: str) -> None:
+    from transformers import AlbertForMaskedLM
+
+    _save(AlbertForMaskedLM(_config(num_hidden_groups=2, architectures=["AlbertForMaskedLM"])), folder)
+
+
+def test_unsupported_grouping_is_refused_in_one_line(tmp_path):
+    """HF's num_hidden_groups 2 (two distinct layers): exit 2, one line naming the file, key and value; nothing
+    written at --out."""
+    run_world(1, _write_grouped, str(tmp_path / "hf"))
+    before = tree_digest(tmp_path / "hf")
+    rc, text = run_cli(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], sep="\n")
+    assert rc == 2 and len(text.splitlines()) == 1, text
+    assert "config.json" in text and "num_hidden_groups 2" in text, text
+    assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
+
+
+@pytest.mark.parametrize("command", [["export", "nemo"], ["export", "megatron-lm"]], ids=["nemo", "megatron-lm"])
+def test_export_to_formats_without_sharing_is_refused(albert, tmp_path, command):
+    """NeMo's and Megatron-LM's BERT hold num_layers distinct layers and a hidden-wide embedding: an ALBERT
+    checkpoint is refused in one line naming the family, exit 2, nothing written."""
+    root, _ = albert
+    before = tree_digest(root / "ckpt")
+    out = tmp_path / ("model.nemo" if command[1] == "nemo" else "mlm")
+    # the exporters load checkpoints in a TP1 process group: run the CLI in a forked world, as a user's process
+    (rc, text), = run_world(1, run_cli, [*command, "--checkpoint", str(root / "ckpt"), "--out", str(out)],
+                            40, "\n")
+    assert rc == 2 and len(text.splitlines()) == 1 and "albert" in text, text
+    assert not out.exists() and tree_digest(root / "ckpt") == before
+
+
+def _export_finetuned_ner(ckpt: str, out: str, text_file: str, pred: str) -> dict:
+    """``predict ner`` through the CLI, then ``export hf`` of the fine-tuned checkpoint: transformers'
+    AlbertForTokenClassification from the folder vs our fine-tuned model on a padded pair of sentences."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from bio_megatron.cli import main
+    from bio_megatron.export.hf import export_hf
+    from bio_megatron.loading.finetuned import load_finetuned
+
+    rc = main(["predict", "ner", "--checkpoint", ckpt, "--input", text_file, "--out", pred])
+    info = export_hf(ckpt, out)
+    tok = AutoTokenizer.from_pretrained(out)
+    enc = tok(["Naloxone reverses the effect of clonidine.", "Cocaine"], padding=True, return_tensors="pt")
+    loaded = load_finetuned(ckpt)
+    hf = AutoModelForTokenClassification.from_pretrained(out).eval()
+    with torch.no_grad():
+        ours = loaded.model(enc["input_ids"], enc["attention_mask"], torch.zeros_like(enc["input_ids"]))
+        theirs = hf(**enc).logits
+    valid = enc["attention_mask"].bool()
+    return {"predict_rc": rc, "class": info["class"], "loaded": type(hf).__name__, "family": loaded.cfg.model.family,
+            "diff": masked_max_diff(ours, theirs, valid), "scale": float(ours[valid].abs().max())}
+
+
+def test_finetune_ner_from_imported_albert_predicts_and_exports(albert, tmp_path):
+    """``finetune ner`` (3 steps) starts from the imported ALBERT; ``predict ner`` reads the fine-tuned checkpoint;
+    its ``export hf`` is transformers' AlbertForTokenClassification with our logits."""
+    from finetune.ft_runs import finetune_rank
+
+    root, _ = albert
+    over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
+            "model.dataset.test_file=null", "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}",
+            "exp_manager.name=ner", f"model.restore_from_path={root / 'ckpt'}"]
+    (run,) = run_world(1, finetune_rank, "ner", over)
+    assert len(run["losses"]) == 3 and all(0.0 < v < 10.0 for v in run["losses"]), run["losses"]
+    text = tmp_path / "docs.txt"
+    text.write_text("Naloxone reverses the antihypertensive effect of clonidine.\nCocaine\n", encoding="utf-8")
+    (res,) = run_world(1, _export_finetuned_ner, str(tmp_path / "ner" / "checkpoints"), str(tmp_path / "hf_ner"),
+                       str(text), str(tmp_path / "pred.jsonl"))
+    assert res["predict_rc"] == 0 and len((tmp_path / "pred.jsonl").read_text().splitlines()) == 2, res
+    assert res["family"] == "albert" and res["class"] == res["loaded"] == "AlbertForTokenClassification", res
+    assert res["scale"] > 0.01 and res["diff"] < 1e-4, res
+
+
+@pytest.mark.parametrize("over, needle", [
+    (["model.embedding_size=32", "model.family=bert"], "model.embedding_size (32) applies to model.family albert only"),
+    (["model.family=albert", "model.transformer_block_type=pre_ln"], "model.family (albert) is post-LN"),
+    (["model.family=albert", "model.transformer_block_type=post_ln", "model.sequence_parallel=true",
+      "model.tensor_model_parallel_size=2"], "model.sequence_parallel (true) is not implemented for model.family albert"),
+], ids=["embedding_size_elsewhere", "pre_ln", "sequence_parallel"])
+def test_albert_keys_are_checked_with_the_config(over, needle):
+    from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.utils.errors import ConfigError
+
+    tiny = VOCAB_FILE.parents[3] / "nemo_configs" / "pretrain" / "tiny.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_pretrain_config(tiny, over)
+    assert needle in str(err.value), str(err.value)
