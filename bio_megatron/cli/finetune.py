@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bio_megatron.cli.dry_run import SKIP_HELP
 from bio_megatron.utils.errors import ConfigError
 
 NEMO_FILES = {"ner": "token_classification_config.yaml", "re": "text_classification_config.yaml", "qa": "qa_conf.yaml"}
@@ -47,13 +48,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         t.add_argument("--seeds", help="comma-separated seeds: one run each, then mean/median/spread")
         t.add_argument("--grid", action="store_true",
                        help="sweep grid.num_fc_layers x grid.fc_hidden_size, select on dev")
-        t.add_argument("--dry-run", action="store_true", help="validate and print the resolved config")
+        t.add_argument("--dry-run", action="store_true",
+                       help="pre-flight: check every path the run reads (data files, vocabulary, restore source), "
+                       "read the source and the train/dev data as the run would, print the resolved config, "
+                       "effective shape, parameter count, memory per rank, steps and epochs, and exit (every "
+                       "problem at once, exit 2)")
+        t.add_argument("--skip-path-checks", action="store_true", help=SKIP_HELP)
         t.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.config.loader import to_dict
     from bio_megatron.config.recipes import find_recipe
     from bio_megatron.parallel.distributed import resolve_world
 
@@ -62,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_finetune_config(args.task, find_recipe(args.task, args.config), args.overrides,
                                None if args.dry_run else world.world_size)
     if args.dry_run:
-        print(json.dumps(to_dict(cfg), indent=2))
+        from bio_megatron.cli.dry_run import finetune_report
+
+        print(json.dumps(finetune_report(cfg, world.world_size, not args.skip_path_checks), indent=2))
         return 0
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.tasks.sweep import run_sweep

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bio_megatron.cli.dry_run import SKIP_HELP
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -25,7 +26,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", help="key=value overrides (OmegaConf dotlist; +key=value adds, ~key deletes), "
                    "e.g. trainer.max_steps=100")
     p.add_argument("--dry-run", action="store_true",
-                   help="validate, print the resolved config and exact parameter count, and exit")
+                   help="pre-flight: check every path the run reads (corpus prefixes, vocabulary, restore "
+                   "checkpoint), print the resolved config, effective shape, data, exact parameter count, memory "
+                   "per rank and length of the run, and exit (every problem at once, exit 2)")
+    p.add_argument("--skip-path-checks", action="store_true", help=SKIP_HELP)
     p.set_defaults(func=run_pretrain)
 
     d = sub.add_parser("demo", help="end-to-end demo on bundled real PubMed/PMC text (tiny model, CPU, TP=2)")
@@ -44,29 +48,9 @@ def run_pretrain(args: argparse.Namespace) -> int:
     cfg = load_pretrain_config(find_recipe("pretrain", args.config), args.overrides,
                               None if args.dry_run else world.world_size)
     if args.dry_run:
-        from bio_megatron.config.loader import to_dict
-        from bio_megatron.config.sizes import padded_vocab_size, parameter_count
-        from bio_megatron.vocab.builtin import resolve_vocab
-        from bio_megatron.vocab.bpe import BPETokenizer, is_bpe
-        from bio_megatron.vocab.wordpiece import read_vocab
+        from bio_megatron.cli.dry_run import pretrain_report
 
-        path = resolve_vocab(cfg.model.tokenizer.vocab_file)
-        vocab = BPETokenizer(path).vocab_size if is_bpe(path) else len(read_vocab(path))
-        padded = padded_vocab_size(vocab, cfg.model.make_vocab_size_divisible_by, cfg.model.tensor_model_parallel_size)
-        n = parameter_count(cfg.model.shape(), padded, cfg.model.max_position_embeddings, cfg.model.num_tokentypes,
-                            cfg.model.bert_binary_head)
-        extra = {}
-        if cfg.model.objective == "electra":  # generator + discriminator, the shared embedding counted once
-            from bio_megatron.config.pretrain import electra_parameter_count, electra_shapes
-
-            n, extra = electra_parameter_count(cfg.model, padded), {"generator": electra_shapes(cfg.model).__dict__}
-        from bio_megatron.training.memory import estimate
-
-        m = cfg.model  # the static state per rank (weights, gradients, Adam), as pretraining checks it
-        dp = max(1, world.world_size // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size))
-        extra["memory"] = estimate(m, padded, str(cfg.trainer.precision).startswith(("bf16", "16")), dp).as_dict()
-        print(json.dumps({"config": to_dict(cfg), "vocab_size": vocab, "padded_vocab_size": padded,
-                          "parameters": n, "shape_status": cfg.model.shape().status, **extra}, indent=2))
+        print(json.dumps(pretrain_report(cfg, world.world_size, not args.skip_path_checks), indent=2))
         return 0
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.training.pretrain import run_pretraining

@@ -63,6 +63,11 @@ def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
     return loss, lambda output: (output, report)
 
 
+def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
+    """Optimizer steps per epoch: whole global batches (the remainder of an epoch is not a step; at least 1)."""
+    return max(1, train_examples // global_batch_size)
+
+
 class Batches:
     """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
 
@@ -72,8 +77,7 @@ class Batches:
         self.mbs, self.gbs = m.micro_batch_size, m.global_batch_size
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         self.max_len = m.dataset.max_seq_length
-        n = len(task.train.features)
-        self.steps_per_epoch = max(1, n // self.gbs)
+        self.steps_per_epoch = steps_per_epoch(len(task.train.features), self.gbs)
         self.state: LoopState | None = None  # run_batches reads seq_length from it
 
     def _micro(self, split: Split, indices: list[int]) -> list[dict]:
@@ -165,9 +169,11 @@ def require_examples(cfg: FinetuneConfig, task: Task) -> None:
                             str(path))
 
 
-def setup(cfg: FinetuneConfig):
-    """Source inspection, tokenizer and all task data (validated first), then distributed init, model, DDP."""
-    m, t = cfg.model, cfg.trainer
+def prepare(cfg: FinetuneConfig, world_size: int | None) -> tuple[Source | None, object, Task, bool]:
+    """Everything before a process group exists: the restore source inspected (its shape applied to ``cfg``),
+    the config validated, the tokenizer and the task's train and dev data read. ``--dry-run`` stops here.
+    Returns ``(source, tokenizer, task, same_task)``."""
+    m = cfg.model
     src: Source | None = resolve_source(m.restore_from_path) if m.restore_from_path else None
     if src is not None:
         apply_source_shape(m, src)
@@ -176,7 +182,7 @@ def setup(cfg: FinetuneConfig):
                               f"max_position_embeddings ({m.max_position_embeddings}) of the checkpoint restored "
                               f"from {src.path} (model.restore_from_path); override it, e.g. "
                               f"model.dataset.max_seq_length={m.max_position_embeddings}")
-    validate(cfg, resolve_world().world_size)
+    validate(cfg, world_size)
     # Data problems surface before any process group exists: a bad file fails fast, on every rank alike.
     vocab_file = src.vocab_file if src is not None and src.vocab_file else resolve_vocab(m.tokenizer.vocab_file)
     tokenizer = load_tokenizer(vocab_file, m.tokenizer.do_lower_case)  # WordPiece, or byte-level BPE (RoBERTa)
@@ -188,6 +194,13 @@ def setup(cfg: FinetuneConfig):
         adopt_head_structure(m, src)
     task = TASKS[cfg.task](cfg, tokenizer, src.labels if same_task else None)
     require_examples(cfg, task)
+    return src, tokenizer, task, same_task
+
+
+def setup(cfg: FinetuneConfig):
+    """:func:`prepare` (source, tokenizer, task data: validated first), then distributed init, model, DDP."""
+    m, t = cfg.model, cfg.trainer
+    src, tokenizer, task, same_task = prepare(cfg, resolve_world().world_size)
     world = init_distributed()
     init_model_parallel(m.tensor_model_parallel_size, m.pipeline_model_parallel_size, t.seed)
     dtype = precision_dtype(t.precision)

@@ -99,7 +99,8 @@ def test_cli_refuses_a_shape_that_cannot_fit_before_allocating(pubmed_prefix, tm
 
 
 def test_dry_run_shows_the_estimate(capsys):
-    rc, _ = run_cli_here(["pretrain", "--config", str(TINY), "--dry-run", "model.size=345m", "trainer.precision=32"])
+    rc, _ = run_cli_here(["pretrain", "--config", str(TINY), "--dry-run", "model.size=345m", "trainer.precision=32",
+                          "--skip-path-checks"])  # (the recipe names no corpus)
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
     mem = out["memory"]

@@ -237,6 +237,6 @@ def test_bc5cdr_blue_recipe_resolves_with_bio_lm_protocol(capsys):
     rc, msg = run_cli(["finetune", "ner", "--config", str(recipe), "--dry-run", f"model.dataset.data_dir={BLUE_NER}",
                        "model.dataset.dev_file=devel.tsv"], logging.ERROR, " | ")
     assert rc == 0, msg
-    cfg = json.loads(capsys.readouterr().out)
+    cfg = json.loads(capsys.readouterr().out)["config"]
     assert cfg["model"]["dataset"]["format"] == "blue" and cfg["model"]["optim"]["lr"] == 1e-5
     assert (cfg["trainer"]["max_epochs"], cfg["trainer"]["val_check_interval"]) == (20, 500)
