@@ -23,6 +23,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 
 from bio_megatron.config.finetune import FinetuneConfig, validate
+from bio_megatron.config.loader import to_dict
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
@@ -32,7 +33,7 @@ from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training import resume_checks
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
-from bio_megatron.training.metrics import TensorBoardLog
+from bio_megatron.training.metrics import MetricsWriter, RunLogFile, fmt_eta, memory_gib, write_hparams
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.pretrain import wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
@@ -43,6 +44,7 @@ from bio_megatron.vocab.bpe import load_tokenizer
 from bio_megatron.vocab.builtin import resolve_vocab
 
 log = get_logger(__name__)
+LOG_FILE = "run.log"  # the run's log lines, in its folder beside metrics.jsonl, hparams.yaml and tensorboard/
 
 
 def _to_device(batch: dict) -> dict:
@@ -220,7 +222,8 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     ``LockError`` (exit 2) when another run holds the experiment directory, ``NonFiniteError`` (exit 3)
     when the loss or gradients stay NaN/Inf (then no ``results.json`` is written)."""
     built = setup(cfg)
-    with run_dir_lock(cfg.run_dir, f"experiment directory {cfg.run_dir}"):
+    with run_dir_lock(cfg.run_dir, f"experiment directory {cfg.run_dir}"), \
+            RunLogFile(cfg.run_dir / LOG_FILE, built[0].rank == 0):
         return _finetune(cfg, *built)
 
 
@@ -234,8 +237,11 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
     run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
     is_writer = world.rank == 0
-    tb = TensorBoardLog(run_dir / "tensorboard", is_writer and e.create_tensorboard_logger, m.global_batch_size)
     resume = ckpt.find_resume_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
+    out = MetricsWriter(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size, fresh=resume is None)
+    tb = out.tb
+    per_epoch = batches.steps_per_epoch
+    epochs = math.ceil(max_steps / per_epoch)
     if is_writer and resume is None:
         shutil.rmtree(ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
     dist.barrier()
@@ -276,7 +282,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         batches.state = state
         value = float(scores[task.metric])
         history.append({"step": step, "dev_" + task.metric: value})
-        tb.scalars(step, {"val_loss": dev_loss[0], "val_" + task.metric: value})
+        out.write({"step": step, "epoch": (step - 1) // per_epoch, "val_loss": dev_loss[0], "dev_" + task.metric: value},
+                  tensorboard={"val_loss": dev_loss[0], "val_" + task.metric: value})
         log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
         if value > best["metric"]:
             old = best["path"]
@@ -290,20 +297,35 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
             dist.barrier()
             best.update(metric=value, step=step, dev=scores, path=path)
 
+    clock = {"start": 0.0, "start_step": state.step, "last": 0.0, "last_step": state.step}  # set when training starts
+
     def on_step(s: int, r: StepResult) -> None:
-        tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
         scale = loss_scale(optimizer)  # fp16 only
         history.append({"step": s, "loss": r.loss if math.isfinite(r.loss) else None, "lr": r.lr,
                         **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
                         **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})
-        if s % t.log_every_n_steps == 0 or s == 1 or s == max_steps or r.skipped:
-            overflow = r.skipped and not r.nonfinite and scale is not None
-            log.info("step %d/%d | loss %.5f | lr %.3g | grad norm %s%s%s", s, max_steps, r.loss, r.lr,
-                     f"{r.grad_norm:.3f}" if r.grad_norm is not None else "-",
-                     f" | loss_scale {scale:.4g}" if scale is not None else "",
-                     f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else
-                     f" | fp16 gradient overflow: update skipped ({state.skipped_steps} skipped so far)" if overflow
-                     else "")
+        if not (s % t.log_every_n_steps == 0 or s == 1 or s == max_steps or r.skipped):
+            tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
+            return
+        # examples/s over the steps since the last logged one; ETA from this process's mean step time (dev
+        # evaluations included, so the estimate covers them too)
+        now = time.perf_counter()
+        examples_s = m.global_batch_size * (s - clock["last_step"]) / max(now - clock["last"], 1e-9)
+        eta = (now - clock["start"]) / max(1, s - clock["start_step"]) * (max_steps - s)
+        clock.update(last=now, last_step=s)
+        epoch = (s - 1) // per_epoch
+        out.write({"step": s, "epoch": epoch, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+                   "examples_per_sec": examples_s, "memory_gib": memory_gib(), "eta_s": round(eta, 1),
+                   **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
+                   **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})
+        overflow = r.skipped and not r.nonfinite and scale is not None
+        log.info("epoch %d/%d | step %d/%d | loss %.5f | lr %.3g | grad norm %s | %s examples/s | ETA %s%s%s",
+                 epoch + 1, epochs, s, max_steps, r.loss, r.lr,
+                 f"{r.grad_norm:.3f}" if r.grad_norm is not None else "-", f"{examples_s:,.1f}", fmt_eta(eta),
+                 f" | loss_scale {scale:.4g}" if scale is not None else "",
+                 f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else
+                 f" | fp16 gradient overflow: update skipped ({state.skipped_steps} skipped so far)" if overflow
+                 else "")
 
     def save_for_resume(step: int) -> None:
         """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
@@ -322,12 +344,20 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
              cfg.task, len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
              m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), describe_precision(dtype))
+    if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
+        write_hparams(run_dir, to_dict(cfg), {
+            "max_steps": max_steps, "steps_per_epoch": per_epoch, "epochs": epochs, "val_every_steps": every,
+            "train_examples": len(task.train.features), "dev_examples": len(dev.features),
+            "world_size": dist.get_world_size(), "data_parallel_size": ps.get_data_parallel_world_size(),
+            "labels": task.labels, "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
+            "compute_dtype": dtype_name(dtype), "resumed_at_step": state.step if resume is not None else None})
     t0 = time.perf_counter()
+    clock.update(start=t0, last=t0)
     try:
         status = train(state)
     finally:
         stop.restore()
-        tb.close()
+        out.close()
     if status == "diverged":
         ckpt.shutdown_writer()
         raise NonFiniteError(f"fine-tuning stopped at step {state.step}: loss or gradients non-finite (NaN/Inf) for "

@@ -85,7 +85,83 @@ class TensorBoardLog:
             self._tb = None
 
 
-def _fmt_eta(seconds: float) -> str:
+class MetricsWriter:
+    """A run folder's ``metrics.jsonl`` (one JSON object per record, appended, flushed) and its TensorBoard
+    scalars (NeMo's tag names), written by the one process given ``enabled``. ``fresh``: start a new
+    ``metrics.jsonl`` (a run that does not resume must not inherit an earlier attempt's records)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, samples_per_step: int | None = None,
+                 fresh: bool = False):
+        self._jsonl = None
+        if enabled:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(run_dir / "metrics.jsonl", "w" if fresh else "a", encoding="utf-8")
+        self.tb = TensorBoardLog(run_dir / "tensorboard", enabled and tensorboard, samples_per_step)
+
+    def write(self, rec: dict, tensorboard: dict | None = None) -> None:
+        """``rec`` (with ``step``) to metrics.jsonl; to TensorBoard ``tensorboard`` if given, else ``rec``'s
+        numbers (a record with ``loss`` is a training step: NeMo's ``global_step`` and ``consumed_samples``)."""
+        # NaN/Inf are not JSON: a non-finite loss is written as null (the record's "nonfinite" flag says why).
+        rec = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+        if self._jsonl:
+            self._jsonl.write(json.dumps(rec) + "\n")
+            self._jsonl.flush()
+        values = tensorboard if tensorboard is not None else \
+            {k: v for k, v in rec.items() if k not in ("step", "nonfinite")}
+        self.tb.scalars(rec["step"], values, train="loss" in rec)
+
+    def close(self) -> None:
+        if self._jsonl:
+            self._jsonl.close()
+            self._jsonl = None
+        self.tb.close()
+
+
+class RunLogFile:
+    """The project logger's records also go to ``path`` (appended: a resumed run continues its log) while the
+    run lasts; rank 0 only (``enabled``), in the stderr line format with the date."""
+
+    def __init__(self, path: Path, enabled: bool):
+        import logging
+
+        self._handler = None
+        if enabled:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+            self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s",
+                                                         "%Y-%m-%d %H:%M:%S"))
+            self._logger = logging.getLogger("bio_megatron")
+            self._handler.setLevel(self._logger.level)
+            self._logger.addHandler(self._handler)
+
+    def __enter__(self) -> "RunLogFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._handler is not None:
+            self._logger.removeHandler(self._handler)
+            self._handler.close()
+            self._handler = None
+
+
+def write_hparams(run_dir: Path, cfg_dict: dict, derived: dict) -> Path:
+    """``hparams.yaml`` as NeMo (Lightning's ``save_hyperparameters``) writes it: the model block under ``cfg``,
+    beside it the rest of the resolved config (``trainer``, ``exp_manager``, ...) and ``derived``: values the run
+    computed (total steps, steps per epoch, world and data-parallel size, ...). Written atomically."""
+    import yaml
+
+    from bio_megatron.utils.io import atomic_open
+
+    doc = {"cfg": cfg_dict.get("model", {}), **{k: v for k, v in cfg_dict.items() if k != "model"},
+           "derived": derived}
+    path = run_dir / "hparams.yaml"
+    with atomic_open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(doc, fh, sort_keys=False)
+    return path
+
+
+def fmt_eta(seconds: float) -> str:
+    """``H:MM:SS`` (negative -> 0)."""
     seconds = int(max(0, seconds))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
@@ -101,11 +177,7 @@ class RunLogger:
         self.world_size, self.peak, self.max_steps = world_size, peak_tflops, max_steps
         self._t_last = time.perf_counter()
         self._step_last: int | None = None
-        self._jsonl = None
-        if enabled:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            self._jsonl = open(run_dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._tb = TensorBoardLog(run_dir / "tensorboard", enabled and tensorboard, samples_per_step)
+        self._out = MetricsWriter(run_dir, enabled, tensorboard, samples_per_step)
 
     def start(self, step: int) -> None:
         self._t_last, self._step_last = time.perf_counter(), step
@@ -133,7 +205,7 @@ class RunLogger:
                 skipped = f" | loss_scale {extra['loss_scale']:.4g}{skipped}"
             log.info("step %d/%d | loss %.4f | lr %.3e | grad_norm %s | %s tok/s | %.2f TFLOP/s | MFU %s | "
                      "mem %.2f GiB | ETA %s%s", step, self.max_steps, loss, lr, gn, f"{tok_s:,.0f}", tflops, mfu,
-                     rec["memory_gib"], _fmt_eta(dt * (self.max_steps - step)), skipped)
+                     rec["memory_gib"], fmt_eta(dt * (self.max_steps - step)), skipped)
             self.write(rec)
         return rec
 
@@ -143,15 +215,7 @@ class RunLogger:
             self.write({"step": step, "val_loss": val_loss})
 
     def write(self, rec: dict) -> None:
-        # NaN/Inf are not JSON: a non-finite loss is written as null (the record's "nonfinite" flag says why).
-        rec = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
-        if self._jsonl:
-            self._jsonl.write(json.dumps(rec) + "\n")
-            self._jsonl.flush()
-        self._tb.scalars(rec["step"], {k: v for k, v in rec.items() if k not in ("step", "nonfinite")},
-                         train="loss" in rec)
+        self._out.write(rec)
 
     def close(self) -> None:
-        if self._jsonl:
-            self._jsonl.close()
-        self._tb.close()
+        self._out.close()
