@@ -250,10 +250,12 @@ def whole_param_norms(optimizer, model_chunks: list) -> tuple[dict[int, WholePar
     return out, needs_more
 
 
-def _apex_lamb():
+def _apex_lamb() -> type | None:
+    """apex's FusedLAMB class where apex and its CUDA extension (``amp_C``, which the class needs) import."""
     try:
+        import amp_C  # noqa: F401
         from apex.optimizers import FusedLAMB
-    except Exception:  # apex absent, or present without its CUDA extensions
+    except Exception:  # apex absent, or built without its CUDA extensions
         return None
     return FusedLAMB
 
