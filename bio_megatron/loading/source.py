@@ -89,6 +89,8 @@ def resolve_source(path: str | Path) -> Source:
     model = cfg.get("model", {})
     shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
     vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
+    if (ckpt / "spiece.model").is_file():  # ALBERT's SentencePiece model (training/checkpoint.py saves it so)
+        vocab = ckpt / "spiece.model"
     # recorded in config.yaml (bio_megatron.json too) since families exist; inferred for older checkpoints
     shape["family"] = meta.get("family") or family_of_model(model, vocab_file=vocab).name
     labels = None

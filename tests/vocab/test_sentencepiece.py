@@ -183,28 +183,53 @@ def test_data_tokenize_records_the_model(tokenized, spiece, jsonl):
     assert len(got) > 10_000 and got == expected
 
 
-def test_pretraining_takes_the_model_with_nemo_keys(tokenized, spiece, tmp_path):
-    """NeMo's spelling (library: sentencepiece, tokenizer_model: X.model), a tiny run, its checkpoint carrying
-    the model as spiece.model, and a resume that checks it."""
+NEMO_KEYS = ("model.tokenizer.library=sentencepiece",)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tokenized, spiece, tmp_path_factory) -> Path:
+    """A tiny pretraining run given the model in NeMo's spelling (library: sentencepiece, tokenizer_model)."""
     from engine.pretrain_runs import losses, overrides, pretrain_rank
     from harness import run_world
 
-    nemo = ("model.tokenizer.library=sentencepiece", f"model.tokenizer.tokenizer_model={spiece}")
-    assert run_world(1, pretrain_rank, overrides(tokenized, tmp_path, "sp", steps=2, save_last=True,
-                                                 extra=nemo)) == ["finished"]
-    ckpt = tmp_path / "sp" / "checkpoints" / "iter_0000002"
-    assert (ckpt / "spiece.model").read_bytes() == spiece.read_bytes() and not (ckpt / "vocab.txt").exists()
-    assert len(losses(tmp_path / "sp")) == 2
-    # The checkpoint's vocabulary is compared by content on resume: another .model is refused.
-    other = tmp_path / "other.model"
-    other.write_bytes(spiece.read_bytes() + b"\n")
+    root = tmp_path_factory.mktemp("sp_run")
+    extra = (*NEMO_KEYS, f"model.tokenizer.tokenizer_model={spiece}")
+    assert run_world(1, pretrain_rank, overrides(tokenized, root, "sp", steps=2, save_last=True,
+                                                 extra=extra)) == ["finished"]
+    assert len(losses(root / "sp")) == 2
+    return root / "sp" / "checkpoints" / "iter_0000002"
+
+
+def test_pretraining_checkpoint_carries_the_model(pretrained, spiece, tmp_path):
+    """The checkpoint holds the model as spiece.model (no vocab.txt), and a resume compares it by content."""
     from bio_megatron.config.pretrain import load_pretrain_config
     from bio_megatron.training.resume_checks import vocab_mismatch
 
+    assert (pretrained / "spiece.model").read_bytes() == spiece.read_bytes()
+    assert not (pretrained / "vocab.txt").exists()
+    other = tmp_path / "other.model"
+    other.write_bytes(spiece.read_bytes() + b"\n")
+    assert vocab_mismatch(pretrained, spiece) is None and "differs in content" in vocab_mismatch(pretrained, other)
     cfg = load_pretrain_config(Path(__file__).resolve().parents[2] / "nemo_configs" / "pretrain" / "tiny.yaml",
-                               [*nemo[:1], f"model.tokenizer.model={spiece}"])
+                               [*NEMO_KEYS, f"model.tokenizer.model={spiece}"])
     assert cfg.model.tokenizer.vocab_file == str(spiece)  # Megatron's spelling of the key maps the same way
-    assert vocab_mismatch(ckpt, spiece) is None and "differs in content" in vocab_mismatch(ckpt, other)
+
+
+def test_finetuning_from_the_checkpoint_reads_its_model(pretrained, tmp_path):
+    """Fine-tuning restored from that checkpoint tokenizes with its spiece.model (NER words, real fixture)."""
+    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.vocab.bpe import load_tokenizer
+    from bio_megatron.vocab.sentencepiece import SentencePieceTokenizer
+
+    data = Path(__file__).resolve().parents[1] / "fixtures" / "finetune"
+    over = [f"model.restore_from_path={pretrained}", f"model.dataset.data_dir={data}",
+            "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}"]
+    rc, msg = run_cli(["finetune", "ner", "--config", "tiny_ner", "--dry-run", *over])
+    assert rc == 0, msg
+    src = resolve_source(pretrained)  # what fine-tuning, predict and export read the vocabulary from
+    tokenizer = load_tokenizer(src.vocab_file)
+    assert isinstance(tokenizer, SentencePieceTokenizer)
+    assert Path(tokenizer.vocab_file) == pretrained / "spiece.model" and tokenizer.lowercase is True
 
 
 def _make_models(tmp: Path, jsonl) -> dict[str, Path]:
