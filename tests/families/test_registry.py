@@ -162,3 +162,12 @@ def test_checkpoints_record_the_family_and_load_without_it(pubmed_prefix, tmp_pa
     assert new["class"] == before["class"] == "BertForMaskedLM"
     for name in ("model.safetensors", "config.json", "vocab.txt"):
         assert (tmp_path / "hf_new" / name).read_bytes() == (tmp_path / "hf_old" / name).read_bytes(), name
+    run_world(1, _import, str(tmp_path / "hf_old"), str(tmp_path / "reimported"))  # a checkpoint import hf writes
+    assert yaml.safe_load((tmp_path / "reimported" / "config.yaml").read_text())["model"]["family"] == "bert"
+    assert json.loads((tmp_path / "reimported" / "bio_megatron.json").read_text())["family"] == "bert"
+
+
+def _import(folder: str, out: str) -> None:
+    from bio_megatron.export.hf import import_hf
+
+    import_hf(folder, out)
