@@ -114,3 +114,17 @@ def test_check_without_a_pack_is_one_line(tmp_path):
                           text=True, timeout=60, env={**os.environ, "PACK": str(tmp_path / "none")})
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "make gpu-pack" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_check_on_a_machine_without_cuda_stops_after_saying_so(pack, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the check would run")
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(GPU / "check.sh"), str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PACK": str(pack), "PYTHON": PY})
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert not summary["ok"] and [s["step"] for s in summary["steps"]] == ["cuda"]
+    assert "NO CUDA DEVICE" in (out / "check.log").read_text()
