@@ -116,7 +116,20 @@ class SentencePieceTokenizer(RustBackedTokenizer):
 
     @cached_property
     def inv_vocab(self) -> dict[int, str]:
-        return dict(enumerate(self.tokens))
+        """id -> piece as megatron-core's masked dataset reads it: it takes a ``##`` prefix for a piece that
+        continues a word (WordPiece's convention), so a SentencePiece piece that continues a word -- one without
+        ``▁`` that holds a letter or digit -- is shown as ``##piece``. Whole-word and n-gram masking then group
+        pieces into ALBERT's words (``▁`` starts one; specials and punctuation stand alone) instead of masking every
+        piece on its own. :meth:`convert_ids_to_tokens` gives the pieces themselves."""
+        return {i: "##" + t if self._continues(i, t) else t for i, t in enumerate(self.tokens)}
+
+    def _continues(self, i: int, piece: str) -> bool:
+        return (i not in self._special_ids and not piece.startswith(_WORD_START)
+                and any(c.isalnum() for c in piece))
+
+    @cached_property
+    def _special_ids(self) -> set[int]:
+        return {self.vocab[t] for t in SPIECE_SPECIALS}
 
     cls = property(lambda self: self.vocab["[CLS]"])
     sep = property(lambda self: self.vocab["[SEP]"])

@@ -282,3 +282,22 @@ def test_nemo_tokenizer_keys_are_checked(over, expected, tmp_path):
     rc, msg = run_cli(["pretrain", "--config", "tiny", "--dry-run", *over, f"exp_manager.exp_dir={tmp_path}"])
     assert rc == 2 and expected in msg, msg
     assert not any(tmp_path.iterdir())
+
+
+def test_whole_word_masking_sees_albert_words(spiece):
+    """megatron-core's masked dataset groups a word's pieces by WordPiece's '##': the tokenizer's inv_vocab marks
+    the pieces that continue a word, so whole-word / n-gram masking masks ALBERT's words (▁ starts one)."""
+    from bio_megatron.vocab.bpe import load_tokenizer
+
+    tok = load_tokenizer(spiece)
+    words = [[w for w in sent if w.isalpha()] for sent in _ner_sentences()]
+    enc = tok.encode_words([w for w in words if w])
+    n = 0
+    for e in enc:
+        for k, (i, word) in enumerate(zip(e.ids, e.word_ids)):
+            continues = tok.inv_vocab[i].startswith("##")
+            assert continues == (k > 0 and e.word_ids[k - 1] == word), (tok.convert_ids_to_tokens(e.ids), k)
+            n += continues
+    assert n > 50  # the fixture's words do split into several pieces
+    assert [tok.inv_vocab[i] for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
+    assert tok.convert_ids_to_tokens(e.ids) == [tok.tokens[i] for i in e.ids]  # the pieces themselves
