@@ -188,6 +188,7 @@ def train_sentencepiece_vocab(inputs: list[str | Path] | str | Path, output: str
         text = Path(tmp) / "train.txt"
         counts = write_training_text(paths, text, lowercase, max_sentences, prepare=prepare)
         prefix = str(Path(tmp) / "spiece")
+        spm.set_random_generator_seed(1234)  # the same corpus gives the same model (sampling, shuffling)
         try:
             spm.SentencePieceTrainer.train(
                 input=str(text), model_prefix=prefix, vocab_size=size, model_type="unigram",
@@ -199,7 +200,7 @@ def train_sentencepiece_vocab(inputs: list[str | Path] | str | Path, output: str
         except RuntimeError as exc:  # e.g. a corpus too small for even the characters it holds
             raise DataError(f"SentencePiece could not learn a vocabulary: {exc}",
                             ", ".join(map(str, paths))) from None
-        model = Path(prefix + ".model").read_bytes()
+        model = _reproducible(Path(prefix + ".model").read_bytes())
     with atomic_open(output, "wb") as fh:
         fh.write(model)
     tok = SentencePieceTokenizer(output, lowercase=lowercase)  # the written file must pass every consumer's checks
@@ -212,3 +213,16 @@ def train_sentencepiece_vocab(inputs: list[str | Path] | str | Path, output: str
     log.info("SentencePiece unigram model: %d pieces (%s) from %d sentences -> %s", tok.vocab_size,
              "lower-cased" if lowercase else "cased", counts["sentences"], output)
     return summary
+
+
+def _reproducible(model: bytes) -> bytes:
+    """The trained model without the temporary paths its trainer spec records (input file, model prefix): the same
+    corpus then gives a byte-identical ``spiece.model``, so vocabulary fingerprints (``data tokenize`` records,
+    checkpoints) agree across two trainings."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    del proto.trainer_spec.input[:]
+    proto.trainer_spec.model_prefix = "spiece"
+    return proto.SerializeToString()

@@ -301,3 +301,10 @@ def test_whole_word_masking_sees_albert_words(spiece):
     assert n > 50  # the fixture's words do split into several pieces
     assert [tok.inv_vocab[i] for i in range(5)] == ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"]
     assert tok.convert_ids_to_tokens(e.ids) == [tok.tokens[i] for i in e.ids]  # the pieces themselves
+
+
+def test_training_twice_gives_the_same_file(spiece, jsonl, tmp_path):
+    """The same corpus gives a byte-identical spiece.model (no temporary paths inside), so the vocabulary sha256
+    that data tokenize records and pretraining checks is stable across trainings."""
+    again = _train(jsonl, tmp_path / "again.model")
+    assert again.read_bytes() == spiece.read_bytes()
