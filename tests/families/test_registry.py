@@ -143,19 +143,25 @@ def _export(ckpt: str, out: str) -> tuple[str, dict]:
     return resolve_source(ckpt).shape["family"], res
 
 
-def test_checkpoints_record_the_family_and_load_without_it(pubmed_prefix, tmp_path):
-    root = tmp_path / "runs"
-    rc, msg = _pretrain(pubmed_prefix, root, "post_ln", "model.transformer_block_type=post_ln")
-    assert rc == 0, msg
+@pytest.fixture(scope="module")
+def post_ln_run(pubmed_prefix, tmp_path_factory) -> tuple[Path, Path]:
+    """A 2-step post-LN pretraining checkpoint written now, and a copy as older checkpoints are (no family)."""
     from bio_megatron.training.checkpoint import latest_checkpoint
 
+    root = tmp_path_factory.mktemp("family_runs")
+    rc, msg = _pretrain(pubmed_prefix, root, "post_ln", "model.transformer_block_type=post_ln")
+    assert rc == 0, msg
     ckpt = latest_checkpoint(root / "post_ln" / "checkpoints")
-    assert yaml.safe_load((ckpt / "config.yaml").read_text())["model"]["family"] == "bert"
-    assert json.loads((ckpt / "bio_megatron.json").read_text())["family"] == "bert"
-
-    old = tmp_path / "old_ckpt"
+    old = root / "old_ckpt"
     shutil.copytree(ckpt, old)
     _strip_family(old)
+    return ckpt, old
+
+
+def test_checkpoints_record_the_family_and_load_without_it(post_ln_run, tmp_path):
+    ckpt, old = post_ln_run
+    assert yaml.safe_load((ckpt / "config.yaml").read_text())["model"]["family"] == "bert"
+    assert json.loads((ckpt / "bio_megatron.json").read_text())["family"] == "bert"
     new_family, new = run_world(1, _export, str(ckpt), str(tmp_path / "hf_new"))[0]
     old_family, before = run_world(1, _export, str(old), str(tmp_path / "hf_old"))[0]
     assert new_family == old_family == "bert"  # recorded / inferred once from post_ln
@@ -165,6 +171,19 @@ def test_checkpoints_record_the_family_and_load_without_it(pubmed_prefix, tmp_pa
     run_world(1, _import, str(tmp_path / "hf_old"), str(tmp_path / "reimported"))  # a checkpoint import hf writes
     assert yaml.safe_load((tmp_path / "reimported" / "config.yaml").read_text())["model"]["family"] == "bert"
     assert json.loads((tmp_path / "reimported" / "bio_megatron.json").read_text())["family"] == "bert"
+
+
+def test_a_model_fine_tuned_from_an_older_checkpoint_records_its_family(post_ln_run, tmp_path):
+    from finetune.ft_runs import finetune_rank
+
+    _, old = post_ln_run
+    over = ["model.hidden_dropout=0.0", "model.attention_dropout=0.0", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", "model.dataset.max_eval_examples=8", "model.dataset.test_file=null",
+            "model.max_position_embeddings=64", "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}",
+            "exp_manager.name=ner", f"model.restore_from_path={old}"]
+    best = Path(run_world(1, finetune_rank, "ner", over)[0]["checkpoint"])
+    assert yaml.safe_load((best / "config.yaml").read_text())["model"]["family"] == "bert"
+    assert json.loads((best / "bio_megatron.json").read_text())["family"] == "bert"
 
 
 def _import(folder: str, out: str) -> None:
