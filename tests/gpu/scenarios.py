@@ -26,7 +26,8 @@ def _model_config(**kw: Any):
     from bio_megatron.config.pretrain import ModelConfig
 
     base = dict(size="tiny", encoder_seq_length=128, max_position_embeddings=128, micro_batch_size=4,
-                global_batch_size=4, attention_backend="sdpa", hidden_dropout=0.0, attention_dropout=0.0)
+                global_batch_size=4, transformer_impl="local", attention_backend="sdpa", hidden_dropout=0.0,
+                attention_dropout=0.0)  # the local spec even where Transformer Engine is importable
     return ModelConfig(**{**base, **kw})
 
 
