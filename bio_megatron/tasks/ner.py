@@ -15,6 +15,8 @@ from bio_megatron.tasks.ner_data import (IGNORE_INDEX, NerFeature, Sentence, bui
 from bio_megatron.tasks.subset import take
 from bio_megatron.utils.errors import DataError
 
+SPAN_FORMATS = ("i2b2_2010", "i2b2_2012", "i2b2_2014")  # releases of annotated spans, labelled B-/I-<type> here
+
 
 def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sentence]:
     """One split in the configured format (``iob`` file or NeMo ``text_*.txt`` + ``labels_*.txt``)."""
@@ -28,6 +30,14 @@ def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sen
         from bio_megatron.tasks.blue_ner import read_blue_ner  # BLUE's 4-column files (bio-lm's BC5CDR)
 
         return read_blue_ner(path, labels)
+    if d.format == "i2b2_2010":  # the release's txt/ + concept/ folders; name: a folder or train/dev/test
+        from bio_megatron.tasks.i2b2 import read_i2b2_2010
+
+        return read_i2b2_2010(d.data_dir, name, labels)
+    if d.format in ("i2b2_2012", "i2b2_2014"):  # XML with character offsets
+        from bio_megatron.tasks.i2b2_xml import read_i2b2_xml
+
+        return read_i2b2_xml(d.format, d.data_dir, name, labels)
     return read_iob(path, labels)
 
 
@@ -48,7 +58,10 @@ class NerTask:
         self.tokenizer = tokenizer
         train = take(read_split(self.d, self.d.train_file), self.d.max_train_examples, self.d.max_examples_seed)
         if labels is None:
-            label_map = build_label_map(train, self.d.pad_label)
+            # the span formats tag a type B-/I- by construction: both are labels even where training shows only B-
+            both = [Sentence([], [f"{p}-{t[2:]}" for t in {t for s in train for t in s.tags if t[:2] in ("B-", "I-")}
+                                  for p in "BI"])] if self.d.format in SPAN_FORMATS else []
+            label_map = build_label_map(train + both, self.d.pad_label)
         else:
             if labels[0] != self.d.pad_label:
                 raise DataError(f"the restored model's label 0 is {labels[0]!r}, but pad_label is {self.d.pad_label!r}")
