@@ -124,6 +124,7 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     world = init_distributed()
     validate(cfg, world.world_size)
     family_of_model(cfg.model)  # model.family checked against the registry before the run directory is touched
+    load_tokenizer(cfg)  # so is the vocabulary (a missing or bad vocab.txt / .model): nothing is written
     # Locked before anything (stale-save removal, index cache, metrics) touches the run directory.
     with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"):
         try:

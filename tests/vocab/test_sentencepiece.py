@@ -308,3 +308,16 @@ def test_training_twice_gives_the_same_file(spiece, jsonl, tmp_path):
     that data tokenize records and pretraining checks is stable across trainings."""
     again = _train(jsonl, tmp_path / "again.model")
     assert again.read_bytes() == spiece.read_bytes()
+
+
+def test_pretraining_refuses_a_bad_model_before_writing(tokenized, jsonl, tmp_path):
+    """A file that is not an ALBERT spiece.model stops pretraining in one line before the run folder exists."""
+    from engine.pretrain_runs import overrides, pretrain_rank
+    from harness import run_world
+
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"\x0a\x05hello")  # a protobuf field, then nothing a ModelProto holds
+    extra = (*NEMO_KEYS, f"model.tokenizer.tokenizer_model={bad}")
+    with pytest.raises(RuntimeError, match="SentencePiece model"):
+        run_world(1, pretrain_rank, overrides(tokenized, tmp_path / "runs", "bad", extra=extra))
+    assert not (tmp_path / "runs").exists()
