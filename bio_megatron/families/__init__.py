@@ -66,7 +66,12 @@ def family_of_model(model: dict | ModelConfig, vocab_file=None) -> Family:
     vocabulary actually used, where at hand (a checkpoint's ``vocab.json``), else the config's is read."""
     name = _get(model, "family")
     if name is not None:
-        return family_named(name)
+        family = family_named(name)
+        block = _get(model, "transformer_block_type")
+        if block is not None and block != family.block_type:  # the layers built follow the block type
+            raise ConfigError(f"model.family ({name}) has {family.block_type} layers but model.transformer_block_type "
+                              f"is {block}: set model.transformer_block_type={family.block_type}")
+        return family
     if _get(model, "objective") == "electra":
         return ELECTRA
     if vocab_file is None:

@@ -32,6 +32,9 @@ class Family(Protocol):
     hf_model_types: tuple[str, ...]
     """``config.json`` ``model_type`` values read as this family; the first is the one written."""
     tokenizer_kind: TokenizerKind
+    block_type: str
+    """``model.transformer_block_type`` of this family's layers (``pre_ln`` / ``post_ln``): a config recording the
+    family with the other order is refused (:func:`bio_megatron.families.family_of_model`)."""
 
     def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
         """The plain transformers class that holds this family's model for ``task`` (None: pretraining)."""

@@ -73,7 +73,7 @@ def test_each_model_type_names_one_family():
     ({"transformer_block_type": "post_ln", "tokenizer": {"vocab_file": "/x/vocab.json"}}, "roberta"),  # fine-tuned
     ({"transformer_block_type": "post_ln", "objective": "electra"}, "electra"),
     ({"objective": "electra", "tokenizer": {"vocab_file": "vocab.txt"}}, "electra"),
-    ({"transformer_block_type": "post_ln", "family": "megatron_bert"}, "megatron_bert"),  # recorded wins
+    ({"transformer_block_type": "post_ln", "objective": "mlm", "family": "bert"}, "bert"),  # recorded wins
 ])
 def test_inference_table_for_configs_without_a_family(model, expected):
     assert family_of_model(model).name == expected
@@ -99,6 +99,16 @@ def test_unknown_family_is_one_line_naming_the_choices():
         assert "\n" not in problem and problem.startswith(f"model.family ({bad!r}) must be one of ")
         assert all(name in problem for name in FAMILIES)
     assert family_named("bert") is FAMILIES["bert"]
+
+
+def test_a_family_contradicting_the_layer_order_is_refused():
+    """model.family=bert on the default pre-LN config would build Megatron BERT's layers under BERT's name."""
+    with pytest.raises(ConfigError) as err:
+        family_of_model(ModelConfig(family="bert"))
+    (problem,) = err.value.problems
+    assert problem == ("model.family (bert) has post_ln layers but model.transformer_block_type is pre_ln: "
+                       "set model.transformer_block_type=post_ln")
+    assert family_of_model(ModelConfig(family="bert", transformer_block_type="post_ln")).name == "bert"
 
 
 def _cli(argv: list[str]) -> tuple[int, str]:
