@@ -6,9 +6,9 @@ The record serves three checks that megatron's ``.bin/.idx`` cannot answer by th
   exactly these files (sizes and the ``.idx`` checksum); a user's files of the same name are refused unless
   ``--overwrite``. The shard folder's ``manifest.json`` plays the same role for ``<prefix>.shards/``.
 * **Vocabulary**: the record holds the vocabulary's content hash (:func:`vocab_fingerprint`: sha256 of the
-  ``vocab.txt``, of ``vocab.json`` + ``merges.txt``, or of a SentencePiece ``.model``), kind and casing. Pretraining compares it with
-  ``model.tokenizer.vocab_file``: the same size but permuted vocabulary passes every id-range check and trains
-  on garbage, so only the content hash catches it (:func:`check_data_vocab`).
+  ``vocab.txt``, of ``vocab.json`` + ``merges.txt``, or of a SentencePiece ``.model``), kind and casing.
+  Pretraining compares it with ``model.tokenizer.vocab_file``: the same size but permuted vocabulary passes every
+  id-range check and trains on garbage, so only the content hash catches it (:func:`check_data_vocab`).
 * Data without a record (tokenized before records existed, or by Megatron-LM's ``preprocess_data.py``) is
   still accepted, with a warning that nothing could be checked.
 """
