@@ -3,9 +3,9 @@
 ALBERT (Lan et al. 2020; BioM-ALBERT) tokenizes with a SentencePiece *unigram* model whose first pieces are
 ``<pad>`` (0), ``<unk>`` (1), ``[CLS]`` (2), ``[SEP]`` (3) and ``[MASK]`` (4), as in ALBERT's published
 ``spiece.model``. The text is prepared the way ``AlbertTokenizer`` prepares it before the model sees it:
-two back-ticks and two apostrophes become a double quote, accents are stripped (NFKD, combining marks dropped), the text is lower-cased for
-an uncased model, then the model's own normalisation (its precompiled ``nmt_nfkc`` map) applies and every
-whitespace-separated word starts with ``▁``.
+two back-ticks and two apostrophes become a double quote, accents are stripped (NFKD, combining marks dropped),
+the text is lower-cased for an uncased model, then the model's own normalisation (its precompiled ``nmt_nfkc``
+map) applies and every whitespace-separated word starts with ``▁``.
 
 The encoding runs in the Rust ``tokenizers`` library (a :class:`tokenizers.models.Unigram` over the model's
 pieces and scores), so that this tokenizer has exactly the interface of the WordPiece and BPE ones
