@@ -43,7 +43,7 @@ def _load(path: str, task: str):
 
 def run_ner(args: argparse.Namespace) -> int:
     from bio_megatron.parallel.distributed import teardown
-    from bio_megatron.predict.ner import predict_entities, read_documents
+    from bio_megatron.predict.ner import predict_documents, read_documents
     from bio_megatron.utils.io import check_output_file
 
     if args.out:  # a folder or an unwritable place is refused before the model loads, not after the work
@@ -51,7 +51,8 @@ def run_ner(args: argparse.Namespace) -> int:
     docs = list(read_documents(args.input))  # validate the whole input before loading the model
     try:
         loaded = _load(args.checkpoint, "ner")
-        lines = [json.dumps({"id": i, "entities": predict_entities(loaded, text)}) for i, text in docs]
+        # batched across documents, shortest sentences together (predict_documents says why)
+        lines = [json.dumps({"id": i, "entities": ents}) for i, ents in predict_documents(loaded, docs)]
     finally:
         teardown()
     _write_lines(args.out, lines)

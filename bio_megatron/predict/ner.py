@@ -11,7 +11,7 @@ words, of the softmax probability of the word's predicted tag at that first sub-
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
@@ -67,40 +67,73 @@ def _word_spans(loaded: Loaded, text: str) -> list[list[tuple[str, tuple[int, in
     return out
 
 
-@torch.no_grad()
 def predict_entities(loaded: Loaded, text: str, batch_size: int = 32) -> list[dict]:
     """Entities of one document: ``{"text", "type", "start", "end", "score"}`` with end-exclusive character
     offsets (``score``: :func:`_word_confidence`, averaged over the entity's words)."""
-    if not text.strip():
-        return []
-    sents = _word_spans(loaded, text)
+    ((_, entities),) = predict_documents(loaded, [("", text)], batch_size)
+    return entities
+
+
+def predict_documents(loaded: Loaded, docs: Iterable[tuple[str, str]], batch_size: int = 32,
+                      window: int = 4096) -> Iterator[tuple[str, list[dict]]]:
+    """``(id, entities)`` of every ``(id, text)`` document, in input order (entities as :func:`predict_entities`).
+
+    The sentences of up to ``window`` sentences' worth of documents are batched together, shortest first: with one
+    sentence per line, batching within a document ran every sentence alone (batch 1, all overhead), and a batch
+    of sentences of similar length carries little padding. Padding is masked out of attention, so a sentence's tags
+    do not depend on its batch (its scores only to the last float bits of the matmuls). Only the window's
+    sentences are held at once, whatever the length of ``docs``."""
+    pending: list[tuple[str, str, list]] = []
+    count = 0
+    for doc_id, text in docs:
+        sents = _word_spans(loaded, text) if text.strip() else []
+        pending.append((doc_id, text, sents))
+        count += len(sents)
+        if count >= window:
+            yield from _predict_window(loaded, pending, batch_size)
+            pending, count = [], 0
+    if pending:
+        yield from _predict_window(loaded, pending, batch_size)
+
+
+@torch.no_grad()
+def _predict_window(loaded: Loaded, pending: list[tuple[str, str, list]],
+                    batch_size: int) -> Iterator[tuple[str, list[dict]]]:
+    """Tag every sentence of ``pending`` in length-sorted batches, then chunk each document's words into entities."""
+    sents = [s for _, _, doc_sents in pending for s in doc_sents]
     labels = loaded.labels
     label_map = {t: i for i, t in enumerate(labels)}
     pad = loaded.cfg.model.dataset.pad_label
     feats = encode_sentences([Sentence([w for w, _ in s], [pad] * len(s)) for s in sents], loaded.tokenizer,
-                             label_map, loaded.cfg.model.dataset.max_seq_length)
-    entities = []
-    for b in range(0, len(feats), batch_size):
-        group = feats[b:b + batch_size]
-        seq = max(len(f.input_ids) for f in group)
-        ids = torch.full((len(group), seq), loaded.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
+                             label_map, loaded.cfg.model.dataset.max_seq_length) if sents else []
+    order = sorted(range(len(feats)), key=lambda k: len(feats[k].input_ids))  # stable: ties keep input order
+    tagged: list[tuple[list[str], list[float]]] = [([], [])] * len(feats)  # per sentence: word tags, confidences
+    dev = loaded.device
+    for b in range(0, len(order), batch_size):
+        rows = order[b:b + batch_size]
+        seq = max(len(feats[k].input_ids) for k in rows)
+        ids = torch.full((len(rows), seq), loaded.tokenizer.pad, dtype=torch.long)  # RoBERTa's <pad> is 1
         mask = torch.zeros_like(ids)
-        for r, f in enumerate(group):
-            ids[r, :len(f.input_ids)] = torch.tensor(f.input_ids)
-            mask[r, :len(f.input_ids)] = 1
-        dev = loaded.device
+        for r, k in enumerate(rows):
+            ids[r, :len(feats[k].input_ids)] = torch.tensor(feats[k].input_ids)
+            mask[r, :len(feats[k].input_ids)] = 1
         logits = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev))
         pred = NerTask.decode(loaded.cfg.model.dataset, logits, mask)  # the task's own decoding, as in fine-tuning
         probs = logits.float().softmax(-1).cpu()
-        for r, f in enumerate(group):
-            spans = sents[b + r]
-            tags = [labels[t] for t in word_predictions(pred[r], f)]
-            conf = _word_confidence(probs[r], pred[r], f)
+        for r, k in enumerate(rows):
+            tagged[k] = ([labels[t] for t in word_predictions(pred[r], feats[k])],
+                         _word_confidence(probs[r], pred[r], feats[k]))
+    k = 0
+    for doc_id, text, doc_sents in pending:
+        entities = []
+        for spans in doc_sents:
+            tags, conf = tagged[k]
+            k += 1
             for ty, s, e in chunks([w for w, _ in spans], tags):
                 start, end = spans[s][1][0], spans[e - 1][1][1]
                 entities.append({"text": text[start:end], "type": ty, "start": start, "end": end,
                                  "score": round(sum(conf[s:e]) / (e - s), 6)})
-    return entities
+        yield doc_id, entities
 
 
 def _word_confidence(probs: torch.Tensor, pred: list[int], feature) -> list[float]:
