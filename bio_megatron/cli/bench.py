@@ -1,4 +1,5 @@
-"""``bio-megatron bench``: throughput benchmarks (``pretrain``: model training; ``data``: corpus pipeline).
+"""``bio-megatron bench``: throughput benchmarks (``pretrain``: model training; ``data``: corpus pipeline;
+``finetune`` / ``predict``: fine-tuning and ``predict ner`` against plain transformers).
 
 The benchmark modules import torch and megatron-core only when they run, so ``--help`` stays fast.
 """
@@ -10,9 +11,11 @@ import argparse
 
 def register(sub: argparse._SubParsersAction) -> None:
     from bio_megatron.bench import data as bench_data
+    from bio_megatron.bench import finetune as bench_finetune
+    from bio_megatron.bench import predict as bench_predict
     from bio_megatron.bench import pretrain as bench_pretrain
 
-    p = sub.add_parser("bench", help="throughput benchmarks (pretraining step, data pipeline)")
+    p = sub.add_parser("bench", help="throughput benchmarks (pretraining step, data pipeline, fine-tuning, predict)")
     b = p.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
 
     pt = b.add_parser("pretrain", help="train-step tokens/s, TFLOP/s and MFU: ours vs Hugging Face MegatronBert",
@@ -26,3 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                       description="Corpus pipeline throughput against naive baselines, measured in one run.")
     bench_data.add_arguments(dt)
     dt.set_defaults(func=bench_data.run)
+
+    ft = b.add_parser("finetune", help="NER / classification fine-tuning: ours vs transformers, examples/s and one epoch",
+                      description="Our fine-tuning train step against AutoModelFor{Token,Sequence}Classification with "
+                                  "torch AdamW on the same weights, data, batch and precision, side by side; then one "
+                                  "epoch end to end as two fresh processes. See docs/BENCHMARKS.md.")
+    bench_finetune.add_arguments(ft)
+    ft.set_defaults(func=bench_finetune.run)
+
+    pr = b.add_parser("predict", help="predict ner vs transformers' token-classification pipeline: sentences/s, RSS",
+                      description="bio-megatron predict ner and pipeline(\"token-classification\") on the same "
+                                  "sentences and weights, each a fresh process: sentences/s, start-up, peak RSS.")
+    bench_predict.add_arguments(pr)
+    pr.set_defaults(func=bench_predict.run)

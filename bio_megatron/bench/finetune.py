@@ -1,0 +1,370 @@
+"""``bio-megatron bench finetune``: our NER and sentence-classification fine-tuning against plain transformers.
+
+Both sides start from the same weights (one Hugging Face folder, :mod:`bio_megatron.bench.hf_models`) and see the
+same examples (our task reader's, ``model.dataset.max_train_examples`` of them), batch and precision:
+
+* **step**: whole train steps (forward, backward, clipping, Adam) on the same batches. Ours is the fine-tuning
+  code path itself (``tasks.finetune.setup``, ``Batches``, ``training.loop.train_step``: megatron-core DDP and
+  optimizer); theirs ``AutoModelFor{Token,Sequence}Classification`` + ``torch.optim.AdamW(fused=True)`` (the
+  Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast`` for bf16. Each side lives in a
+  process of its own (``spawn``: as ``bench/hf_process.py`` explains, one heap would couple them) and the parent
+  alternates their timed steps (ours, theirs, then theirs, ours, ...) so that other jobs' load weighs on both;
+  examples/s from the mean step time.
+* **epoch**: one epoch end to end, each side a fresh process as users run it: ``bio-megatron finetune`` (reading
+  the files, tokenizing, training, the dev evaluation, saving the checkpoint) against
+  :mod:`bio_megatron.bench.hf_baseline` (the same examples, tokenizing, training, dev predictions,
+  ``save_pretrained``); wall seconds, start-up included.
+
+Heads: NER uses one linear layer on both sides (HF's ``classifier``; ``model.head.num_fc_layers=1``); classification
+has HF's pooler (dense + tanh on [CLS]) and classifier, ours NeMo's two-layer MLP on [CLS] with tanh: the same shape.
+Our side labels only each word's first sub-token (``ignore_extra_tokens=true``), as HF's token-classification
+recipe does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bio_megatron.bench.predict import BASELINE, child_env, run_process
+from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+
+SINGLE_LABEL = ("gad", "ddi", "pubmedqa", "bioasq_yesno", "mednli")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ner-train", help="NER training file (IOB word<TAB>tag), e.g. BC5CDR-chem train.tsv")
+    parser.add_argument("--ner-dev", help="NER dev file for the epoch's evaluation (default: --ner-train)")
+    parser.add_argument("--classify-train", help="classification training file in its dataset's own format")
+    parser.add_argument("--classify-dev", help="classification dev file (default: --classify-train)")
+    parser.add_argument("--classify-task", default="gad", choices=SINGLE_LABEL,
+                        help="BLURB/clinical single-label dataset of --classify-train (default gad)")
+    parser.add_argument("--model", default=None, help="Hugging Face folder (encoder, e.g. all-MiniLM-L6-v2: a "
+                        "seeded task head is added); default: a seeded tiny BERT")
+    parser.add_argument("--limit", type=int, default=600, help="training examples (default 600)")
+    parser.add_argument("--dev-limit", type=int, default=200, help="dev examples of the epoch run (default 200)")
+    parser.add_argument("--batch", type=int, default=16, help="examples per step, both sides (default 16)")
+    parser.add_argument("--max-seq-length", type=int, default=128, help="sub-tokens per example (default 128)")
+    parser.add_argument("--precision", default="32", choices=["32", "bf16"], help="both sides (default 32)")
+    parser.add_argument("--lr", type=float, default=5e-5, help="learning rate, both sides")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per side (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--skip-step", action="store_true", help="only the epoch runs")
+    parser.add_argument("--skip-epoch", action="store_true", help="only the step benchmark")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default 1)")
+    parser.add_argument("--json", default=None, help="write the results here (atomically)")
+
+
+def _check(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(task, train, dev) per benchmarked task; every option problem at once (exit 2 before anything runs)."""
+    from bio_megatron.utils.input_files import check_input_file
+
+    bad = [f"{flag} must be >= 1, got {v}" for flag, v in
+           (("--limit", args.limit), ("--dev-limit", args.dev_limit), ("--batch", args.batch),
+            ("--steps", args.steps), ("--threads", args.threads)) if v < 1]
+    bad += [f"--warmup must be >= 0, got {args.warmup}"] if args.warmup < 0 else []
+    bad += [f"--max-seq-length must be >= 8, got {args.max_seq_length}"] if args.max_seq_length < 8 else []
+    if args.batch > args.limit:
+        bad.append(f"--batch ({args.batch}) exceeds --limit ({args.limit}): not one whole step per epoch")
+    if args.skip_step and args.skip_epoch:
+        bad.append("--skip-step and --skip-epoch together leave nothing to measure")
+    if not (args.ner_train or args.classify_train):
+        bad.append("give --ner-train FILE and/or --classify-train FILE (the real data both sides train on)")
+    if bad:
+        raise ConfigError(bad)
+    tasks = []
+    for task, train, dev in (("ner", args.ner_train, args.ner_dev), ("classify", args.classify_train, args.classify_dev)):
+        if train:
+            tasks.append((task, str(check_input_file(train, f"--{task}-train").resolve()),
+                          str(check_input_file(dev or train, f"--{task}-dev").resolve())))
+    return tasks
+
+
+def overrides(args: argparse.Namespace, task: str, folder: Path, train: str, dev: str, exp_dir: Path) -> list[str]:
+    """Our side's recipe overrides: the bench's model, data, batch and precision; one epoch."""
+    over = [f"model.restore_from_path={folder}", f"model.dataset.data_dir={Path(train).parent}",
+            f"model.dataset.train_file={train}", f"model.dataset.dev_file={dev}", "model.dataset.test_file=null",
+            f"model.dataset.max_train_examples={args.limit}", f"model.dataset.max_eval_examples={args.dev_limit}",
+            f"model.dataset.max_seq_length={args.max_seq_length}", f"model.micro_batch_size={args.batch}",
+            f"model.global_batch_size={args.batch}", f"trainer.precision={args.precision}", "trainer.max_epochs=1",
+            "trainer.max_steps=-1", "trainer.val_check_interval=0", f"model.optim.lr={args.lr}",
+            "model.optim.weight_decay=0.0", "trainer.gradient_clip_val=1.0", "model.hidden_dropout=0.1",
+            "model.attention_dropout=0.1", f"exp_manager.exp_dir={exp_dir}", f"exp_manager.name=ours_{task}",
+            "exp_manager.create_tensorboard_logger=false"]
+    if task == "ner":
+        return over + ["model.head.num_fc_layers=1", "model.head.fc_dropout=0.1", "model.dataset.format=iob",
+                       "model.dataset.ignore_extra_tokens=true"]
+    return over + [f"model.dataset.task_name={args.classify_task}", "model.classifier_head.num_output_layers=2",
+                   "model.classifier_head.fc_dropout=0.1"]
+
+
+def _recipe(task: str) -> Path:
+    from bio_megatron.config.recipes import find_recipe
+
+    return find_recipe(task, "_base")
+
+
+# --- the two sides of the step benchmark, each in a process of its own ---------------------------------------
+def _ours_side(spec: dict) -> tuple[Any, list]:
+    """Our fine-tuning stack as ``finetune`` builds it; a step function and the batches of steps 0..n-1."""
+    from functools import partial
+
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.tasks.finetune import Batches, forward_step, setup
+    from bio_megatron.training.loop import LoopState, train_step
+    from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+
+    cfg = load_finetune_config(spec["task"], _recipe(spec["task"]), spec["overrides"], 1)
+    m, t = cfg.model, cfg.trainer
+    _, _, task, _, ddp, dtype, _ = setup(cfg)
+    batches = Batches(task, cfg)
+    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
+    state = LoopState(model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, m.optim, 1000),
+                      forward_step=partial(forward_step, task=task, keep_outputs=False), train_batches=batches.train,
+                      valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
+                      micro_batch_size=m.micro_batch_size, max_steps=1000, max_nonfinite_steps=t.max_nonfinite_steps)
+    batches.state = state
+    plan = [batches.train(i) for i in range(spec["total"])]
+
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
+        state.step = i
+        train_step(state)
+        return time.perf_counter() - t0
+
+    return step, plan
+
+
+def _hf_side(spec: dict, plan: list) -> Any:
+    import torch
+    import transformers
+
+    auto = (transformers.AutoModelForTokenClassification if spec["task"] == "ner"
+            else transformers.AutoModelForSequenceClassification)
+    model = auto.from_pretrained(spec["folder"]).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0, fused=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["precision"] == "bf16")
+    label_key = "labels" if spec["task"] == "ner" else "label"
+    hf_plan = [[{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
+                 "token_type_ids": b["tokentype_ids"], "labels": b[label_key]} for b in micro] for micro in plan]
+
+    def step(i: int) -> float:
+        t0 = time.perf_counter()
+        micro = hf_plan[i]
+        for b in micro:
+            with autocast:
+                loss = model(**b).loss
+            (loss / len(micro)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return time.perf_counter() - t0
+
+    return step
+
+
+def _worker(conn, side: str, spec: dict, threads: int) -> None:
+    """Build one side, report ready (ours: with its batches), then run step ``i`` per request."""
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        if side == "ours":
+            step, plan = _ours_side(spec)
+            conn.send(("ready", plan))
+        else:
+            step = _hf_side(spec, conn.recv())
+            conn.send(("ready", None))
+        while (msg := conn.recv()) != "stop":
+            conn.send(("ok", step(msg)))
+        if side == "ours":
+            from bio_megatron.parallel.distributed import teardown
+
+            teardown()
+    except BaseException:  # the parent raises it with the child's traceback
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+class _Side:
+    def __init__(self, side: str, spec: dict, threads: int, plan: list | None = None) -> None:
+        ctx = mp.get_context("spawn")
+        self.name = side
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker, args=(child, side, spec, threads), daemon=True, name=f"bench-{side}")
+        self.proc.start()
+        child.close()
+        if plan is not None:
+            self.conn.send(plan)
+        self.plan = self._receive()
+
+    def _receive(self) -> Any:
+        try:
+            status, payload = self.conn.recv()
+        except EOFError:
+            self.proc.join(timeout=10)
+            raise RuntimeError(f"the {self.name} side's process exited (code {self.proc.exitcode}) without a "
+                               "result; out of memory?") from None
+        if status == "error":
+            raise RuntimeError(f"the {self.name} side's process failed:\n{payload}")
+        return payload
+
+    def step(self, i: int) -> float:
+        self.conn.send(i)
+        return self._receive()
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self.conn.send("stop")
+            except OSError:
+                pass
+            self.proc.join(timeout=60)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self.conn.close()
+
+
+def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[str]) -> dict:
+    total = args.warmup + args.steps
+    ours = _Side("ours", {"task": task, "overrides": over, "total": total}, args.threads)
+    hf = None
+    try:
+        hf = _Side("hf", {"task": task, "folder": str(folder), "lr": args.lr, "precision": args.precision},
+                   args.threads, ours.plan)
+        sides = {"ours": ours, "transformers": hf}
+        for i in range(args.warmup):
+            for s in sides.values():
+                s.step(i)
+        times: dict[str, list[float]] = {n: [] for n in sides}
+        for k in range(args.steps):
+            order = list(sides) if k % 2 == 0 else list(sides)[::-1]
+            for name in order:
+                times[name].append(sides[name].step(args.warmup + k))
+            log.info("step %d/%d: ours %.3f s, transformers %.3f s", k + 1, args.steps, times["ours"][-1],
+                     times["transformers"][-1])
+    finally:
+        ours.close()
+        if hf is not None:
+            hf.close()
+    seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in ours.plan[args.warmup:]]
+    res: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch,
+                           "mean_padded_length": sum(
+                               micro[0]["input_ids"].shape[1] for micro in ours.plan[args.warmup:]) / args.steps,
+                           "mean_longest_example": sum(seqs) / len(seqs)}
+    for name, ts in times.items():
+        mean = sum(ts) / len(ts)
+        res[name] = {"step_s": ts, "mean_step_s": mean, "examples_per_s": args.batch / mean}
+    res["ratio_examples_per_s"] = res["ours"]["examples_per_s"] / res["transformers"]["examples_per_s"]
+    return res
+
+
+# --- one epoch, whole process ----------------------------------------------------------------------------------
+def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> tuple[Path, Path]:
+    """Our task reader's train and dev examples as JSON lines for the baseline: the same examples by construction."""
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.tasks.protocol import TASKS
+    from bio_megatron.vocab.bpe import load_tokenizer
+
+    cfg = load_finetune_config(task, _recipe(task), over, 1)
+    src = resolve_source(folder)
+    reader = TASKS[task](cfg, load_tokenizer(src.vocab_file, cfg.model.tokenizer.do_lower_case), src.labels)
+    paths = []
+    for name in ("train", "dev"):
+        split = reader.train if name == "train" else reader.split("dev")
+        if task == "ner":
+            rows = [{"words": s.words, "tags": s.tags} for s in split.sentences]
+        else:
+            rows = [{"text": e.text, "text_b": e.text_b, "label": reader.labels[e.target]} for e in split.examples]
+        path = tmp / f"{task}_{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def measure_epoch(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> dict:
+    train, dev = _export_examples(args, task, folder, over, tmp)
+    env = child_env(args.threads)
+    spec = tmp / f"hf_epoch_{task}.json"
+    spec.write_text(json.dumps({"task": task, "model": str(folder), "train": str(train), "dev": str(dev),
+                                "batch": args.batch, "lr": args.lr, "max_seq_length": args.max_seq_length,
+                                "precision": args.precision, "seed": 42, "threads": args.threads,
+                                "out": str(tmp / f"hf_epoch_{task}_out")}))
+    ours = run_process([sys.executable, "-m", "bio_megatron", "finetune", task, "--config", str(_recipe(task))] + over,
+                       env, tmp / f"ours_epoch_{task}.log")
+    found = sorted((tmp / f"ours_{task}").glob("*/results.json"))  # the CLI runs a one-seed sweep: <name>/seed42/
+    ours_result = json.loads(found[0].read_text()) if found else {}
+    theirs = run_process([sys.executable, str(BASELINE), "epoch", str(spec)], env, tmp / f"hf_epoch_{task}.log")
+    phases = json.loads(theirs.pop("stdout").strip().splitlines()[-1])
+    ours.pop("stdout", None)
+    return {"train_examples": phases["train_examples"], "dev_examples": phases["dev_examples"],
+            "steps": phases["steps"],
+            "ours": {**ours, "train_seconds": ours_result.get("train_seconds")},
+            "transformers": {**theirs, "phases_s": phases["seconds"]},
+            "ratio_whole_process": theirs["wall_s"] / ours["wall_s"]}
+
+
+def summary_lines(res: dict) -> list[str]:
+    out = []
+    for task, r in res["tasks"].items():
+        if "step" in r:
+            s = r["step"]
+            out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}, "
+                       f"{res['precision']}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
+                       f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "
+                       f"{s['ratio_examples_per_s']:.2f}x")
+        if "epoch" in r:
+            e = r["epoch"]
+            out.append(f"finetune {task} epoch ({e['train_examples']} examples + {e['dev_examples']} dev, whole process): "
+                       f"ours {e['ours']['wall_s']:.1f} s, transformers {e['transformers']['wall_s']:.1f} s, ratio "
+                       f"{e['ratio_whole_process']:.2f}x")
+    out.append(f"finetune model: {res['model']}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from bio_megatron.bench.hf_models import task_folder
+    from bio_megatron.tasks.classify_data import dataset
+    from bio_megatron.utils.io import check_output_file, write_json_atomic
+
+    tasks = _check(args)
+    if args.json:
+        check_output_file(args.json)
+    res: dict[str, Any] = {"benchmark": "finetune", "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                           "precision": args.precision, "threads": args.threads, "limit": args.limit, "tasks": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-finetune-") as tmp_name:
+        tmp = Path(tmp_name)
+        for task, train, dev in tasks:
+            if task == "ner":
+                from bio_megatron.corpus.iob import read_iob
+                from bio_megatron.tasks.ner_data import build_label_map
+
+                label_map = build_label_map(read_iob(train))
+                labels, kind = sorted(label_map, key=label_map.get), "token"
+            else:
+                labels, kind = list(dataset(args.classify_task).labels), "sequence"
+            folder, res["model"] = task_folder(args.model, kind, labels, tmp)
+            over = overrides(args, task, folder, train, dev, tmp)
+            entry: dict[str, Any] = {"train": train, "dev": dev}
+            if not args.skip_step:
+                entry["step"] = measure_steps(args, task, folder, over)
+            if not args.skip_epoch:
+                entry["epoch"] = measure_epoch(args, task, folder, over, tmp)
+            res["tasks"][task] = entry
+    if args.json:
+        write_json_atomic(args.json, res)
+    sys.stdout.write("".join(line + "\n" for line in summary_lines(res)))
+    return 0
