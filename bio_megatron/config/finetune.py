@@ -143,7 +143,8 @@ class QaDatasetConfig:
 class ClassifyDatasetConfig:
     """A BLURB classification dataset in its own format (:mod:`bio_megatron.tasks.classify_data`)."""
 
-    task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc", "mednli", "clinicalsts"] = "gad"
+    task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc", "mednli", "clinicalsts",
+                       "euadr"] = "gad"
     """Which BLURB (or clinical: ``mednli``, ``clinicalsts``) reader, label set, head mode (single / regression /
     multi-label) and metric."""
     data_dir: str = "../shared/data/blurb/GAD"
@@ -157,6 +158,9 @@ class ClassifyDatasetConfig:
     pubmedqa_long_answer: bool = False
     """PubMedQA only: pair the question with the abstract's conclusion (``LONG_ANSWER``, the reasoning-free
     setting of Jin et al. 2019) instead of its contexts (false: BLURB's reasoning-required setting)."""
+    fold: int | None = None
+    """GAD / EU-ADR as BioBERT's ten folds (1..10): every split file is read from ``<data_dir>/<fold>/`` in BioBERT's
+    layout (tasks/folds.py); null: GAD in BLURB's files."""
     max_train_examples: int | None = None
     max_eval_examples: int | None = None
     max_examples_seed: int | None = None
@@ -300,6 +304,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
         if d.pubmedqa_long_answer and d.task_name != "pubmedqa":
             problems.append(f"model.dataset.pubmedqa_long_answer (true) is PubMedQA's reasoning-free input; "
                             f"task_name is {d.task_name}: false")
+        if d.fold is not None and (d.task_name not in ("gad", "euadr") or not 1 <= d.fold <= 10):
+            problems.append(f"model.dataset.fold ({d.fold}) is one of BioBERT's ten folds 1..10 of gad or euadr "
+                            f"(task_name is {d.task_name})")
+        if d.task_name == "euadr" and d.fold is None:
+            problems.append("model.dataset.task_name euadr exists only as BioBERT's ten folds: set model.dataset.fold "
+                            "(1..10)")
         if d.max_seq_length < 8:  # room for the special tokens of a pair and some text
             problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) must be >= 8")
     if problems:
@@ -319,6 +329,11 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
     def prepare(cfg: FinetuneConfig) -> None:
         # The encoder's sequence length is the task's max_seq_length (batches are padded to at most that).
         cfg.model.encoder_seq_length = cfg.model.dataset.max_seq_length
+        d = cfg.model.dataset
+        if getattr(d, "fold", None) in range(1, 11):  # BioBERT's folds: each split file inside <data_dir>/<fold>/
+            for key in ("train_file", "dev_file", "test_file"):
+                if getattr(d, key):
+                    setattr(d, key, f"{d.fold}/{getattr(d, key).removeprefix(f'{d.fold}/')}")
 
     return build_config(CONFIG_CLASSES[task], raw, lambda cfg: validate(cfg, world_size),
                         str(path) if path else None, prepare)

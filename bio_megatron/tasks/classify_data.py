@@ -33,7 +33,7 @@ from typing import Callable, Literal, Sequence
 from bio_megatron.evaluation.blurb import (BIOASQ_YESNO_LABELS, DDI_LABELS, DDI_POSITIVES, GAD_LABELS, GAD_POSITIVE,
                                            HOC_LABELS, PUBMEDQA_LABELS, BlurbResult, accuracy_scores, hoc_scores,
                                            pearson_scores, positive_f1_scores)
-from bio_megatron.tasks import blurb_data, clinical_data
+from bio_megatron.tasks import blurb_data, clinical_data, folds
 from bio_megatron.utils.errors import DataError
 
 Mode = Literal["single", "regression", "multi"]
@@ -67,6 +67,8 @@ class BlurbDataset:
         (``pubmedqa_long_answer``); none for the other datasets."""
         if self.name == "pubmedqa" and getattr(dataset_cfg, "pubmedqa_long_answer", False):
             return {"long_answer": True}
+        if self.name in folds.FOLD_TASKS:  # BioBERT's fold files (tasks/folds.py) when model.dataset.fold is set
+            return {"fold": getattr(dataset_cfg, "fold", None) is not None}
         return {}
 
     def examples(self, path: Path, **options) -> list[ClassifyExample]:
@@ -123,8 +125,11 @@ DATASETS: dict[str, BlurbDataset] = {
                                  _accuracy(BIOASQ_YESNO_LABELS), pair=True),
     "ddi": BlurbDataset("ddi", "single", DDI_LABELS, blurb_data.read_ddi, _positive_f1(DDI_LABELS, DDI_POSITIVES),
                         pair=False),
-    "gad": BlurbDataset("gad", "single", GAD_LABELS, blurb_data.read_gad,
+    "gad": BlurbDataset("gad", "single", GAD_LABELS, folds.read_gad,
                         _positive_f1(GAD_LABELS, (GAD_POSITIVE,)), pair=False),
+    # EU-ADR: BioBERT's ten folds only (tasks/folds.py), scored as GAD
+    "euadr": BlurbDataset("euadr", "single", GAD_LABELS, folds.read_euadr,
+                          _positive_f1(GAD_LABELS, (GAD_POSITIVE,)), pair=False),
     "biosses": BlurbDataset("biosses", "regression", REGRESSION_LABELS, blurb_data.read_biosses, _pearson, pair=True),
     "hoc": BlurbDataset("hoc", "multi", HOC_LABELS, blurb_data.read_hoc, _hoc, pair=False),
     # the clinical pair tasks of BLUE / BioELECTRA (readers and formats: tasks/clinical_data.py)

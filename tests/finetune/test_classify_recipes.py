@@ -23,7 +23,7 @@ def test_recipe_validates_and_its_splits_read(path, monkeypatch):
     monkeypatch.chdir(ROOT)  # recipes name their data relative to the checkout
     cfg = load_finetune_config("classify", path, world_size=1)
     d = cfg.model.dataset
-    assert cfg.task == "classify" and (path.stem.startswith("tiny") or d.task_name == path.stem)
+    assert cfg.task == "classify" and (path.stem.startswith("tiny") or d.task_name == path.stem.removesuffix("_folds"))
     data_dir = Path(d.data_dir)
     if not data_dir.is_dir():
         pytest.skip(f"{data_dir} not found")

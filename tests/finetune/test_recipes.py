@@ -30,7 +30,8 @@ def test_recipe_validates(path):
         paper = {"ner": (30, 5e-5, 128), "re": (30, 5e-5, 128), "qa": (10, 3e-5, 512)}[task]
         if path.stem == "bioasq_factoid":
             paper = (30, 3e-5, 512)
-        if path.stem == "bc5cdr_chem_blue" or path.stem.startswith("i2b2_"):  # bio-lm's (paper 004 §5.2)
+        if path.stem in ("bc5cdr_chem_blue", "bc4chemd", "linnaeus", "species_800") or path.stem.startswith("i2b2_"):
+            # bio-lm's sequence-labelling protocol (paper 004 §5.2), not BioMegatron's
             paper = (20, 1e-5, 128)
         assert (cfg.trainer.max_epochs, cfg.model.optim.lr, d.max_seq_length) == paper
     if task == "qa":

@@ -1,0 +1,87 @@
+"""GAD / EU-ADR as BioBERT's ten folds (issue 23 item 1; tasks/folds.py): ``model.dataset.fold: N`` reads
+``<data_dir>/<N>/train.tsv, test.tsv`` in BioBERT's layout (train without a header, test with ``index sentence
+label``), on a synthetic two-fold EU-ADR folder (tests/fixtures/clinical/folds). A fold folder that is missing or a
+label outside 0/1 is one line naming the file (and line), exit 2, nothing trained."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from reliability.cli_log import run_cli
+from bio_megatron.config.finetune import load_finetune_config
+from bio_megatron.tasks.classify_data import dataset
+from bio_megatron.tasks.folds import read_biobert_fold
+from bio_megatron.utils.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+EUADR = ROOT / "tests" / "fixtures" / "clinical" / "folds" / "euadr"
+RECIPE = ROOT / "nemo_configs" / "classify" / "euadr.yaml"
+TINY = ROOT / "nemo_configs" / "classify" / "tiny_classify.yaml"
+
+
+def test_fold_files_in_both_of_biobert_forms():
+    train = read_biobert_fold(EUADR / "1" / "train.tsv")  # no header: sentence<TAB>label
+    assert [e.label for e in train] == ["1", "0", "1", "0"] and train[2].id == "1/train.tsv:3"
+    assert "Ca²⁺" in train[2].text and train[0].text.startswith("The @GENE$ variant")
+    test = read_biobert_fold(EUADR / "2" / "test.tsv")  # header, then index<TAB>sentence<TAB>label
+    assert [(e.id, e.label) for e in test] == [("2/test.tsv:0", "1"), ("2/test.tsv:1", "0"), ("2/test.tsv:2", "1")]
+    examples = dataset("euadr").examples(EUADR / "2" / "test.tsv", fold=True)
+    assert [e.target for e in examples] == [1, 0, 1]  # ids of GAD's labels 0, 1
+
+
+def test_fold_key_reads_every_split_inside_the_fold_and_is_idempotent():
+    over = [f"model.dataset.data_dir={EUADR}", "model.dataset.fold=2"]
+    cfg = load_finetune_config("classify", RECIPE, over, world_size=1)
+    d = cfg.model.dataset
+    assert (d.task_name, d.train_file, d.dev_file, d.test_file) == ("euadr", "2/train.tsv", "2/test.tsv", "2/test.tsv")
+    again = load_finetune_config("classify", RECIPE, over + [f"model.dataset.train_file={d.train_file}"], 1)
+    assert again.model.dataset.train_file == "2/train.tsv"  # a resolved config loads to the same files
+
+
+@pytest.mark.parametrize("over,needle", [
+    (["model.dataset.fold=11"], "model.dataset.fold (11) is one of BioBERT's ten folds 1..10"),
+    (["model.dataset.fold=null"], "euadr exists only as BioBERT's ten folds"),
+    (["model.dataset.task_name=hoc", "model.dataset.fold=2"], "(task_name is hoc)"),
+])
+def test_bad_fold_settings_are_config_errors(over, needle):
+    with pytest.raises(ConfigError) as exc:
+        load_finetune_config("classify", RECIPE, [f"model.dataset.data_dir={EUADR}"] + over, world_size=1)
+    assert needle in str(exc.value)
+
+
+def test_recipe_dry_run_reads_the_fold(capsys):
+    rc, msg = run_cli(["finetune", "classify", "--config", str(RECIPE), "--dry-run", f"model.dataset.data_dir={EUADR}"],
+                      logging.ERROR, " | ")
+    assert rc == 0, msg
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert cfg["model"]["dataset"]["fold"] == 1 and cfg["model"]["dataset"]["train_file"] == "1/train.tsv"
+
+
+def _finetune(tmp_path: Path, data: Path, fold: int) -> tuple[int, str]:
+    return run_cli(["finetune", "classify", "--config", str(TINY), "model.dataset.task_name=euadr",
+                    f"model.dataset.fold={fold}", f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
+                    "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv", "trainer.max_steps=1",
+                    f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=fold"], logging.ERROR, " | ")
+
+
+def test_a_missing_fold_folder_is_named(tmp_path):
+    rc, msg = _finetune(tmp_path, EUADR, 3)
+    assert rc == 2 and f"{EUADR / '3'}: fold folder not found" in msg and "Traceback" not in msg, msg
+    assert not list((tmp_path / "runs").rglob("results.json"))
+
+
+def test_a_label_outside_the_set_is_refused_with_file_and_line(tmp_path):
+    data = tmp_path / "euadr"
+    for fold in ("1", "2"):
+        (data / fold).mkdir(parents=True)
+        for name in ("train.tsv", "test.tsv"):
+            (data / fold / name).write_bytes((EUADR / fold / name).read_bytes())
+    bad = data / "2" / "test.tsv"
+    bad.write_text(bad.read_text(encoding="utf-8").replace("studied .\t0", "studied .\tfalse"), encoding="utf-8")
+    rc, msg = _finetune(tmp_path, data, 2)
+    assert rc == 2 and f"{bad}:3: label 'false' is not one of ['0', '1']" in msg, msg
+    assert not list((tmp_path / "runs").rglob("results.json"))
