@@ -186,11 +186,17 @@ def save_sentencepiece(out: str | Path, model_file: str | Path, lowercase: bool)
     ``spiece.model`` itself plus transformers' ``tokenizer.json`` / ``tokenizer_config.json`` (``do_lower_case``
     recorded, so ``AlbertTokenizer.from_pretrained(out)`` tokenizes as this project did). Returns the names
     written."""
+    import tempfile
+
     from transformers import AlbertTokenizer
 
     out = Path(out)
     read_model(model_file)  # a bad file is refused before anything is written
     before = {p.name for p in out.iterdir()}
-    shutil.copyfile(model_file, out / SPIECE_NAME)
-    AlbertTokenizer.from_pretrained(str(out), do_lower_case=lowercase).save_pretrained(str(out))
+    # Converted from a folder holding only the model: files already in ``out`` (config.json, ...) play no part.
+    with tempfile.TemporaryDirectory(prefix="bio-megatron-spiece-") as tmp:
+        shutil.copyfile(model_file, Path(tmp) / SPIECE_NAME)
+        tok = AlbertTokenizer.from_pretrained(tmp, do_lower_case=lowercase)
+    tok.save_pretrained(str(out))
+    shutil.copyfile(model_file, out / SPIECE_NAME)  # the model itself, byte for byte (what import hf reads)
     return sorted({p.name for p in out.iterdir()} - before)

@@ -148,8 +148,10 @@ def test_hf_tokenizer_files_round_trip(spiece_cased, tmp_path):
 
     out = tmp_path / "hf"
     out.mkdir()
+    (out / "config.json").write_text('{"model_type": "albert"}')  # export writes the model's files first
     written = save_sentencepiece(out, spiece_cased, lowercase=False)
     assert "spiece.model" in written and (out / "spiece.model").read_bytes() == spiece_cased.read_bytes()
+    assert "config.json" not in written and "tokenizer_config.json" in written
     assert sentencepiece_files(out) == [out / "spiece.model"]
     hf = AlbertTokenizer.from_pretrained(str(out))
     tok = load_tokenizer(out)  # an ALBERT folder is a SentencePiece vocabulary too
