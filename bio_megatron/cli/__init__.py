@@ -21,6 +21,7 @@ from bio_megatron.utils.log import get_logger
 # Each module registers its own top-level command(s); order is the order shown in --help.
 _COMMAND_MODULES = (
     "bio_megatron.cli.pretrain",
+    "bio_megatron.cli.distill",
     "bio_megatron.cli.finetune",
     "bio_megatron.cli.evaluate",
     "bio_megatron.cli.predict",
