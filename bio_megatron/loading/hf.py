@@ -12,7 +12,7 @@ import torch
 from bio_megatron.config.sizes import ModelShape
 from bio_megatron.families import family_of_hf
 from bio_megatron.loading.archives import check_zip_if_zip, shape_bound
-from bio_megatron.loading.hf_heads import CLASS_TASK, apply_head, hf_to_head, source_head
+from bio_megatron.loading.hf_heads import apply_head, hf_to_head, plain_head
 from bio_megatron.loading.source import Source, resolve_source
 from bio_megatron.models.hf_convert import check_config_tensors
 from bio_megatron.utils.errors import CheckpointError
@@ -89,8 +89,7 @@ def task_config_for_hf(src: Source):
     from bio_megatron.config.finetune import CONFIG_CLASSES
 
     cfg = CONFIG_CLASSES[src.task]()
-    plain = next(c for c, t in CLASS_TASK.items() if t == src.task and not c.startswith("BioMegatron"))
-    apply_head(cfg.model, src.head or source_head(plain, {}, str(src.path)))
+    apply_head(cfg.model, src.head or plain_head(src.task))
     cfg.model.transformer_impl = "local"
     cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
     return cfg

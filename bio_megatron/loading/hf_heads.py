@@ -63,13 +63,20 @@ def validate_head(settings: object, where: str) -> dict:
     return dict(settings)
 
 
+def plain_head(task: str) -> dict:
+    """The head every family's plain ``*For{TokenClassification,QuestionAnswering}`` (one Linear) and
+    ``*ForSequenceClassification`` (tanh pooler as wide as the encoder + Linear) computes, as ``Source.head``."""
+    block, count = head_block(task)
+    plain = {count: 2, "activation": "tanh"} if task in ("re", "classify") else {count: 1}
+    return {block: plain, "fc_hidden_size": None}
+
+
 def source_head(arch: str, hf_cfg: dict, where: str) -> dict:
     """The head of an HF task folder (class ``arch``) in a checkpoint's ``config.yaml`` terms (``Source.head``)."""
     task = CLASS_TASK[arch]
-    block, count = head_block(task)
     if arch not in REMOTE_CLASS.values():  # a family's plain class: exactly the head it computes
-        plain = {count: 2, "activation": "tanh"} if task == "re" else {count: 1}
-        return {block: plain, "fc_hidden_size": None}
+        return plain_head(task)
+    block, count = head_block(task)
     if "bio_megatron_head" not in hf_cfg:
         raise CheckpointError(f"{where}: {arch} needs bio_megatron_head ({list(HEAD_KEYS)}) in config.json")
     s = validate_head(hf_cfg["bio_megatron_head"], where)
