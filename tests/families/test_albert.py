@@ -2,7 +2,8 @@
 H = 64, one layer shared by 3 applications, gelu_new, SOP head, LayerNorm eps 1e-7 to show it is carried) imported
 with ``bio-megatron import hf --verify`` gives transformers' MLM and SOP logits on a padded batch at TP1 and,
 resharded by dist-checkpointing, at TP2; ``export hf`` writes a folder transformers loads as AlbertForPreTraining
-with the same logits; a token-classification folder round-trips through import and export; fine-tuning's encoder
+with the same logits; token-classification, sequence-classification and QA folders round-trip through import and
+export; fine-tuning's encoder
 (``TaskModel`` through ``Family.task_encoder``) gives AlbertModel's hidden states; what the engine cannot hold is
 refused in one line, exit 2, nothing written."""
 
@@ -159,44 +160,72 @@ def test_fine_tuning_encoder_equals_albert_model(albert):
         assert diff < 1e-4, (source, diff)
 
 
-def _make_token_classifier(folder: str) -> dict:
+TASK_CLASSES = {"ner": "AlbertForTokenClassification", "re": "AlbertForSequenceClassification",
+                "qa": "AlbertForQuestionAnswering"}
+
+
+def _logits(out):
     import torch
-    from transformers import AlbertForTokenClassification
+
+    if hasattr(out, "start_logits"):  # our QA head gives [B, S, 2]
+        return torch.stack([out.start_logits, out.end_logits], dim=-1).numpy()
+    return out.logits.numpy()
+
+
+def _make_task_folder(folder: str, task: str) -> dict:
+    import torch
+    import transformers
 
     torch.manual_seed(1)
-    cfg = _config(architectures=["AlbertForTokenClassification"], num_labels=len(LABELS),
-                  id2label=dict(enumerate(LABELS)), label2id={t: i for i, t in enumerate(LABELS)})
-    hf = AlbertForTokenClassification(cfg).eval()
+    labels = {} if task == "qa" else dict(num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
+                                            label2id={t: i for i, t in enumerate(LABELS)})
+    cfg = _config(architectures=[TASK_CLASSES[task]], **labels)
+    hf = getattr(transformers, TASK_CLASSES[task])(cfg).eval()
     perturb_norms_and_biases(hf)
     _save(hf, folder)
     ids, amask, types = _batch(cfg.vocab_size)
     with torch.no_grad():
-        return {"logits": hf(input_ids=ids, attention_mask=amask, token_type_ids=types).logits.numpy()}
+        return {"logits": _logits(hf(input_ids=ids, attention_mask=amask, token_type_ids=types))}
 
 
-def _export_ner(ckpt: str, out: str) -> dict:
+def _export_task(ckpt: str, out: str) -> dict:
     import torch
-    from transformers import AutoModelForTokenClassification
+    import transformers
 
     from bio_megatron.export.hf import export_hf
 
     info = export_hf(ckpt, out)
-    hf = AutoModelForTokenClassification.from_pretrained(out).eval()
+    hf = getattr(transformers, info["class"]).from_pretrained(out).eval()
     ids, amask, types = _batch(hf.config.vocab_size)
     with torch.no_grad():
-        logits = hf(input_ids=ids, attention_mask=amask, token_type_ids=types).logits.numpy()
+        logits = _logits(hf(input_ids=ids, attention_mask=amask, token_type_ids=types))
     return {"class": info["class"], "loaded": type(hf).__name__, "logits": logits, "labels": info["labels"]}
 
 
-def test_token_classification_folder_round_trips(tmp_path):
-    (ref,) = run_world(1, _make_token_classifier, str(tmp_path / "hf"))
-    (info,) = run_world(1, import_hf_folder, str(tmp_path / "hf"), str(tmp_path / "ckpt"))
-    assert info["rc"] == 0 and info["task"] == "ner" and info["labels"] == LABELS, info
-    assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
-    (res,) = run_world(1, _export_ner, str(tmp_path / "ckpt"), str(tmp_path / "export"))
-    assert res["class"] == res["loaded"] == "AlbertForTokenClassification" and res["labels"] == LABELS, res
+def _each(fn, *folders_and_tasks) -> list:
+    """``fn`` over several (arguments...) in one forked process: one start-up for the three task folders."""
+    return [fn(*args) for args in folders_and_tasks]
+
+
+def test_task_folders_round_trip(tmp_path):
+    """HF Albert{TokenClassification,SequenceClassification,QuestionAnswering} folders import (--verify: transformers'
+    class vs our fine-tuning model) as fine-tuned checkpoints of their task and export back to the same class with
+    the same logits (RE's head is ALBERT's own pooler, ``albert.pooler``, + classifier)."""
+    tasks = list(TASK_CLASSES)
+    (refs,) = run_world(1, _each, _make_task_folder, *[(str(tmp_path / t / "hf"), t) for t in tasks])
+    (infos,) = run_world(1, _each, import_hf_folder, *[(str(tmp_path / t / "hf"), str(tmp_path / t / "ckpt"))
+                                                       for t in tasks])
+    (results,) = run_world(1, _each, _export_task, *[(str(tmp_path / t / "ckpt"), str(tmp_path / t / "export"))
+                                                     for t in tasks])
     valid = _batch(vocab_lines())[1].bool().numpy()
-    assert masked_max_diff(res["logits"], ref["logits"], valid) < 1e-4
+    for task, ref, info, res in zip(tasks, refs, infos, results):
+        assert info["rc"] == 0 and info["task"] == task, info
+        assert info["labels"] == (None if task == "qa" else LABELS), info
+        assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
+        assert res["class"] == res["loaded"] == TASK_CLASSES[task], res
+        got, want = res["logits"], ref["logits"]
+        diff = float(abs(got - want).max()) if task == "re" else masked_max_diff(got, want, valid)
+        assert abs(want).max() > 0.01 and diff < 1e-4, (task, diff)
 
 
 def _write_grouped(folder: str) -> None:

@@ -92,3 +92,37 @@ def test_pipeline_parallel_albert_is_refused_at_config_time(tmp_path):
     line = [ln for ln in text.splitlines() if "pipeline_model_parallel_size" in ln]
     assert len(line) == 1 and "albert" in line[0] and "shared layer" in line[0], text
     assert not out.exists()
+
+
+def _import_uncased_albert(root: str) -> dict:
+    """A random HF AlbertForPreTraining of tiny_albert's shape (3 layers) over the demo corpus's uncased vocabulary,
+    imported through the CLI."""
+    import shutil
+
+    import torch
+    from transformers import AlbertConfig, AlbertForPreTraining
+
+    from bio_megatron.cli import main
+
+    vocab = Path(__file__).resolve().parents[2] / "bio_megatron" / "resources" / "vocab" / "bert_base_uncased_vocab.txt"
+    cfg = AlbertConfig(vocab_size=sum(1 for _ in open(vocab, encoding="utf-8")), embedding_size=32, hidden_size=64,
+                       num_hidden_layers=3, num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+                       initializer_range=1.0, architectures=["AlbertForPreTraining"])
+    torch.manual_seed(0)
+    AlbertForPreTraining(cfg).save_pretrained(f"{root}/hf")
+    shutil.copyfile(vocab, f"{root}/hf/vocab.txt")
+    # no --verify: logits this large differ from transformers' by more than its absolute 1e-4 (float32 rounding)
+    return main(["import", "hf", "--model", f"{root}/hf", "--out", f"{root}/ckpt"])
+
+
+def test_continued_pretraining_from_an_imported_albert(pubmed_prefix, tmp_path):
+    """tiny_albert at the imported folder's shape continues from its weights (model.restore_from_path): HF's
+    weights drawn with std 1 give a first loss far above a fresh model's ~11 (ln 30,522 + ln 2)."""
+    assert run_world(1, _import_uncased_albert, str(tmp_path)) == [0]
+    over = overrides(pubmed_prefix, tmp_path, "continued", steps=2, extra=(
+        "model.num_layers=3", "model.ffn_hidden_size=128", "model.tokenizer.vocab_file=bert_base_uncased",
+        f"model.restore_from_path={tmp_path / 'ckpt'}"))
+    (res,) = run_world(1, albert_rank, over)
+    got = losses(tmp_path / "continued")
+    assert res["status"] == "finished" and sorted(got) == [1, 2], got
+    assert got[1] > 15.0 and all(v == v for v in got.values()), got
