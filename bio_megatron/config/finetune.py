@@ -72,11 +72,12 @@ class ClassifierHeadConfig:
 @dataclass
 class NerDatasetConfig:
     data_dir: str = "../shared/data/ner/BC5CDR-chem"
-    format: Literal["iob", "nemo", "blue", "i2b2_2010", "i2b2_2012", "i2b2_2014"] = "iob"
+    format: Literal["iob", "nemo", "blue", "i2b2_2010", "i2b2_2012", "i2b2_2014", "share_clefe"] = "iob"
     """iob: ``token<TAB>tag`` files; nemo: ``text_<split>.txt`` with ``labels_<split>.txt`` beside it; blue: BLUE's
     ``token<TAB>document<TAB>offset<TAB>label`` files (as bio-lm reads BC5CDR; tasks/blue_ner.py); i2b2_2010,
-    i2b2_2012, i2b2_2014: the i2b2 releases as unpacked, each split file a folder under data_dir or ``train``/``dev``/
-    ``test`` for bio-lm's patient-level splits (tasks/i2b2.py, tasks/i2b2_xml.py)."""
+    i2b2_2012, i2b2_2014: the i2b2 releases as unpacked, each split file a folder under data_dir, or ``train`` /
+    ``dev`` for bio-lm's patient-level split of the training release (tasks/i2b2.py, tasks/i2b2_xml.py);
+    share_clefe: ShARe/CLEF 2013's reports and pipe files (tasks/share_clefe.py)."""
     train_file: str = "train.tsv"
     dev_file: str = "devel.tsv"
     test_file: str | None = "test.tsv"

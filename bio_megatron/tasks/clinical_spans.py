@@ -9,6 +9,9 @@ The choices, each bio-lm's (``facebookresearch/bio-lm``, ``preprocessing/preproc
   chunks at label changes: the same words).
 * A mention that runs over a line end is ``B-`` on its first line and ``I-`` on the next: the lines stay
   sentences, so the next sentence starts with ``I-`` (what bio-lm trains and scores on).
+* A discontiguous mention (ShARe/CLEFE) is one mention per fragment, the later ones ``continues``: ``B`` on the
+  first fragment's first word, ``I`` on every other word of every fragment, ``O`` in the gaps (BLUE's
+  ``create_clefe_bert.py``). An empty type gives BLUE's untyped ``B``/``I``.
 * Overlapping mentions (ours: bio-lm lets the later one overwrite the earlier one's characters, which can leave
   a broken span): the one that starts first is kept, the longer one on a tie; the other is dropped and counted.
   Exact duplicates (same span, same type) are one mention.
@@ -42,6 +45,8 @@ class Mention:
     type: str
     source: str = ""
     line: int | None = None
+    continues: bool = False
+    """A later fragment of a discontiguous mention (ShARe/CLEFE): its words are all ``I``, as BLUE tags them."""
 
 
 @dataclass
@@ -97,7 +102,8 @@ def label_text(text: str, mentions: Sequence[Mention], stats: SpanStats) -> list
                 if k < len(mentions) and mentions[k].start <= s < mentions[k].end:
                     m = mentions[k]
                     # B- only at the mention's first word: a mention that starts on an earlier line goes on with I-
-                    tag = ("B-" if s == m.start or not text[m.start:s].strip() else "I-") + m.type
+                    first = not m.continues and (s == m.start or not text[m.start:s].strip())
+                    tag = ("B" if first else "I") + (f"-{m.type}" if m.type else "")  # BLUE's files: untyped B/I
                 words.append(text[s:e])
                 tags.append(tag)
         if words:

@@ -15,7 +15,7 @@ from bio_megatron.tasks.ner_data import (IGNORE_INDEX, NerFeature, Sentence, bui
 from bio_megatron.tasks.subset import take
 from bio_megatron.utils.errors import DataError
 
-SPAN_FORMATS = ("i2b2_2010", "i2b2_2012", "i2b2_2014")  # releases of annotated spans, labelled B-/I-<type> here
+SPAN_FORMATS = ("i2b2_2010", "i2b2_2012", "i2b2_2014", "share_clefe")  # releases of annotated spans, labelled B-/I-<type> here
 
 
 def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sentence]:
@@ -38,6 +38,10 @@ def read_split(d, name: str | None, labels: list[str] | None = None) -> list[Sen
         from bio_megatron.tasks.i2b2_xml import read_i2b2_xml
 
         return read_i2b2_xml(d.format, d.data_dir, name, labels)
+    if d.format == "share_clefe":  # reports + pipe files, discontiguous mentions as BLUE tags them
+        from bio_megatron.tasks.share_clefe import read_share_clefe
+
+        return read_share_clefe(d.data_dir, name, labels)
     return read_iob(path, labels)
 
 
@@ -59,8 +63,8 @@ class NerTask:
         train = take(read_split(self.d, self.d.train_file), self.d.max_train_examples, self.d.max_examples_seed)
         if labels is None:
             # the span formats tag a type B-/I- by construction: both are labels even where training shows only B-
-            both = [Sentence([], [f"{p}-{t[2:]}" for t in {t for s in train for t in s.tags if t[:2] in ("B-", "I-")}
-                                  for p in "BI"])] if self.d.format in SPAN_FORMATS else []
+            types = {t[1:] for s in train for t in s.tags if t[:1] in ("B", "I")}  # "-<type>", or "" (untyped)
+            both = [Sentence([], [p + t for t in types for p in "BI"])] if self.d.format in SPAN_FORMATS else []
             label_map = build_label_map(train + both, self.d.pad_label)
         else:
             if labels[0] != self.d.pad_label:

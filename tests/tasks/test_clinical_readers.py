@@ -19,13 +19,15 @@ from reliability.cli_log import run_cli
 from bio_megatron.tasks.clinical_spans import SpanStats
 from bio_megatron.tasks.i2b2 import RELEASE_2010, read_2010_documents, read_i2b2_2010
 from bio_megatron.tasks.i2b2_xml import RELEASES, read_i2b2_xml, read_xml_document
+from bio_megatron.tasks.share_clefe import TEST_REPORTS, mask_report, read_share_clefe
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "clinical"
 I2B2_2010, I2B2_2012, I2B2_2014 = FIX / "i2b2_2010", FIX / "i2b2_2012", FIX / "i2b2_2014"
+SHARE = FIX / "share_clefe"
 NER_RECIPE = ROOT / "nemo_configs" / "ner" / "tiny_ner.yaml"
 BETH = I2B2_2010 / RELEASE_2010["train"][1]
-TEST = {"i2b2_2010": RELEASE_2010["test"], **{f: RELEASES[f]["test"] for f in RELEASES}}
+TEST = {"i2b2_2010": RELEASE_2010["test"], **{f: RELEASES[f]["test"] for f in RELEASES}, "share_clefe": TEST_REPORTS}
 
 
 def _pairs(sentences) -> list[list[tuple[str, str]]]:
@@ -117,6 +119,25 @@ def test_i2b2_2012_release_splits():
                              (".", "O")]]
 
 
+# --- ShARe/CLEFE --------------------------------------------------------------------------------------------------
+def test_share_clefe_discontiguous_mentions_are_tagged_as_blue_tags_them():
+    train, dev, test = (read_share_clefe(SHARE, n) for n in ("train", "dev", TEST_REPORTS))
+    assert _pairs(train)[:3] == [
+        # [**...**] marks become PATTERN in the same width, so the offsets after them still hold
+        [("Admission", "O"), ("Date:", "O"), ("PATTERN", "O"), ("Discharge", "O"), ("Date:", "O"), ("PATTERN", "O")],
+        # "left atrium ... dilated" is one mention in two fragments: B on the first word, I on the rest, O between
+        [("The", "O"), ("left", "B"), ("atrium", "I"), ("is", "O"), ("moderately", "O"), ("dilated", "I"), (".", "O")],
+        # "chest pain" annotated twice (two CUIs) is one mention; "____" is BLUE's "___" + "_"
+        [("History", "O"), ("of", "O"), ("Ménière", "B"), ("disease", "I"), ("and", "O"), ("chest", "B"), ("pain", "I"),
+         (";", "O"), ("no", "O"), ("edema", "B"), ("_", "O"), ("noted", "O"), (".", "O")],
+    ]
+    assert len(train) == 5 and _pairs(dev) == [[("Mild", "O"), ("mitral", "B"), ("regurgitation", "I"), (".", "O")]]
+    assert _pairs(test)[0] == [("Aortic", "B"), ("valve", "I"), ("is", "O"), ("mildly", "O"), ("thickened", "I"),
+                               (".", "O")]
+    mark = "[**Known lastname 123**]"  # 24 characters: PATTERN after 17 spaces; "[****]" (6) is too short for it
+    assert mask_report(f"x {mark} y ||||~~ [****]") == "x " + " " * 17 + "PATTERN y " + " " * 6 + " " + " " * 6
+
+
 # --- bad input through the CLI --------------------------------------------------------------------------------
 def _copy(src: Path, tmp_path: Path) -> Path:
     data = tmp_path / "data"
@@ -156,6 +177,10 @@ CON = "concept_assertion_relation_training_data/{}/concept/{}.con"
      "does not parse as a tag"),
     ("i2b2_2014", "training-PHI-Gold-Set1/100-02.xml", 'start="14"', 'start="x14"',
      "needs integer start and end"),
+    ("share_clefe", "Task1TrainSetGOLD199knowtatorehost/Task1Gold/00174-002042-DISCHARGE_SUMMARY.txt",
+     "C0015967||15||20", "C0015967||15", "does not parse as a pipe line"),
+    ("share_clefe", "Task1TrainSetGOLD199knowtatorehost/Task1Gold/00174-002042-DISCHARGE_SUMMARY.txt",
+     "C0015967||15||20", "C0015967||15||2000", "fragment 15-2000 is outside the report"),
 ])
 def test_bad_release_line_is_refused_with_file_and_line(tmp_path, fmt, file, old, new, needle):
     data = _copy(FIX / fmt, tmp_path)
