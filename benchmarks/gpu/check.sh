@@ -37,6 +37,7 @@ DEST="${1:-${OUT:-}}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PACK="${PACK:-$REPO/benchmarks/gpu/wheels}"
 [[ -f "$PACK/pack.json" ]] || die "no GPU pack at $PACK (pack.json missing): run 'make gpu-pack' where pip can reach PyPI"
+PACK="$(cd "$PACK" && pwd)"
 mkdir -p "$DEST"
 DEST="$(cd "$DEST" && pwd)"
 LOG="$DEST/check.log"
@@ -98,10 +99,15 @@ if (( DRY )); then
   [[ -x "$BASE_PY" ]] || BASE_PY=python3
   step clean_env "$LIMIT_INSTALL" "$BASE_PY" "$REPO/benchmarks/gpu/clean_env.py" "$WORK/env"
   PY="$WORK/env/bin/python"
+  # which distribution provides each module, in the project's own environment: a lazy import of a distribution
+  # that is no run-time dependency (wandb, mlflow) is an optional integration, not something the pack must carry
+  "$BASE_PY" -c 'import importlib.metadata as m, json, sys; json.dump(m.packages_distributions(), sys.stdout)' \
+      >"$WORK/dev_modules.json"
   step install "$LIMIT_INSTALL" bash -c 'install "$1"' install "$BASE_PY"
   # the real check's path: the tree, then the pack (no .venv)
   ( cd "$WORK" && export PYTHONPATH="$REPO:$SITE" PATH="$SITE/bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" &&
-    step dry_run "$LIMIT_DRY" "$PY" -W ignore "$REPO/benchmarks/gpu/dry_run.py" "$DEST" "$SITE" )
+    step dry_run "$LIMIT_DRY" "$PY" -W ignore "$REPO/benchmarks/gpu/dry_run.py" "$DEST" "$SITE" "$PACK/pack.json" \
+      "$WORK/dev_modules.json" )
   SUMMARY_PY="$BASE_PY"
 else
   command -v nvidia-smi >/dev/null && nvidia-smi >>"$LOG" 2>&1 || true

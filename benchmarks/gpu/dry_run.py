@@ -6,7 +6,9 @@ It proves on a CPU that the pack carries everything the GPU check runs:
 
 1. every module of ``bio_megatron`` imports (from the tree), and every third-party module any of them imports
    inside a function (the lazy imports a command reaches only when it runs), except those imported under a
-   ``try:`` (optional: apex, Transformer Engine, ...) and those of the distributions the pack leaves out;
+   ``try:`` (optional: apex, Transformer Engine, ...), those of the distributions the pack leaves out, and
+   optional integrations whose distribution is no run-time dependency (mlflow, wandb: by ``pack.json`` and the
+   development environment's module -> distribution map, the third and fourth arguments): those are listed;
 2. the gpu-marked tests are collected and run (they skip without CUDA);
 3. the check's other steps run at tiny CPU sizes through the same entry points: ``bench pretrain`` (sequential
    schedule, as on a GPU: HF in this process) and ``memory.py``; ``bench finetune`` is looked up.
@@ -29,7 +31,10 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-OPTIONAL_EXCLUDED = ("matplotlib",)  # left out of the pack (pack.py EXCLUDED): bio-megatron report only
+sys.path.insert(0, str(HERE))
+from pack import EXCLUDED, norm  # noqa: E402  (same folder: what the pack leaves out on purpose)
+
+OPTIONAL_EXCLUDED = tuple(EXCLUDED)
 
 
 def _lazy_imports(path: Path) -> set[str]:
@@ -53,7 +58,18 @@ def _lazy_imports(path: Path) -> set[str]:
             and m.split(".")[0] not in OPTIONAL_EXCLUDED}
 
 
-def import_everything() -> dict[str, Any]:
+def declared_modules(pack_json: str, dev_modules_json: str) -> set[str] | None:
+    """Top-level modules of the distributions the project depends on at run time (the pack's and the bare
+    machine's, as ``pack.json`` names them), by the development environment's module -> distribution map."""
+    if not (pack_json and dev_modules_json):
+        return None
+    manifest = json.loads(Path(pack_json).read_text())
+    declared = {norm(n) for n in (*manifest["pinned"], *manifest["base"]["with_dependencies"])}
+    owners = json.loads(Path(dev_modules_json).read_text())
+    return {top for top, dists in owners.items() if declared & {norm(d) for d in dists}}
+
+
+def import_everything(declared: set[str] | None) -> dict[str, Any]:
     import bio_megatron
 
     pkg = Path(bio_megatron.__file__).parent
@@ -68,6 +84,10 @@ def import_everything() -> dict[str, Any]:
         source = pkg.joinpath(*info.name.split(".")[1:])
         source = source / "__init__.py" if info.ispkg else source.with_suffix(".py")
         lazy |= _lazy_imports(source)
+    # optional integrations (mlflow, wandb, ...): imported lazily from distributions that are no run-time
+    # dependency of the project; listed, not required
+    optional = {m for m in lazy if declared is not None and m.split(".")[0] not in declared}
+    lazy -= optional
     for name in modules + sorted(lazy):
         try:
             importlib.import_module(name)
@@ -77,7 +97,7 @@ def import_everything() -> dict[str, Any]:
                 continue
             failed[name] = f"{type(e).__name__}: {e}"
     return {"bio_megatron_from": str(pkg), "modules": len(modules), "lazy_third_party": sorted(lazy),
-            "failed": failed}
+            "optional_not_runtime_dependencies": sorted(optional), "failed": failed}
 
 
 def run_gpu_tests(out: Path) -> dict[str, Any]:
@@ -90,7 +110,6 @@ def run_gpu_tests(out: Path) -> dict[str, Any]:
 
 
 def run_tiny_steps(out: Path) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
     import memory
 
     from bio_megatron.cli import main as cli
@@ -133,10 +152,10 @@ def stale_wheel_files(site: str) -> list[str]:
     return sorted(stale)
 
 
-def main(out: str, site: str) -> int:
+def main(out: str, site: str, pack_json: str = "", dev_modules_json: str = "") -> int:
     dest = Path(out)
     res: dict[str, Any] = {}
-    for name, fn in (("imports", import_everything), ("gpu_tests", lambda: run_gpu_tests(dest)),
+    for name, fn in (("imports", lambda: import_everything(declared_modules(pack_json, dev_modules_json))), ("gpu_tests", lambda: run_gpu_tests(dest)),
                      ("tiny_steps", lambda: run_tiny_steps(dest))):
         t = time.perf_counter()
         try:
@@ -155,4 +174,4 @@ def main(out: str, site: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    sys.exit(main(*sys.argv[1:5]))
