@@ -21,8 +21,8 @@ the text at its offsets is counted and warned about, not refused: bio-lm reads t
 because their released files have such slips (2014's ``180-03.xml`` and ``188-05.xml``).
 
 Splits, as :mod:`bio_megatron.tasks.i2b2`: a folder of ``*.xml`` under ``data_dir`` (the test release's, say), or
-``train``/``dev`` of the unpacked training release (:data:`RELEASES`), a patient-level 90/10 split (2012: a file is a patient;
-2014: ``<patient>-<record>.xml``, a patient's records together).
+``train``/``dev`` of the unpacked training release (:data:`RELEASES`), a patient-level 90/10 split (2012: a file is
+a patient; 2014: ``<patient>-<record>.xml``, a patient's records together).
 """
 
 from __future__ import annotations

@@ -95,7 +95,8 @@ def test_i2b2_2014_phi_becomes_iob_by_hand_and_splits_records_by_patient():
     doc = I2B2_2014 / "training-PHI-Gold-Set1" / "100-01.xml"
     assert _pairs(read_xml_document(doc, "i2b2_2014", None, SpanStats())) == [
         [("Record", "O"), ("date:", "O"), ("2067-05-03", "B-DATE")],
-        [("Dr.", "O"), ("Oliver", "B-DOCTOR"), ("Quinn", "I-DOCTOR"), ("saw", "O"), ("Mr.", "O"), ("José", "B-PATIENT"),
+        [("Dr.", "O"), ("Oliver", "B-DOCTOR"), ("Quinn", "I-DOCTOR"), ("saw", "O"), ("Mr.", "O"),
+         ("José", "B-PATIENT"),
          ("Núñez", "I-PATIENT"), (",", "O"), ("age", "O"), ("67", "B-AGE"), ("yo", "O"), (",", "O"), ("at", "O"),
          ("Brookside", "B-HOSPITAL")],
         [("Hospital", "I-HOSPITAL"), (".", "O")],
@@ -128,8 +129,8 @@ def test_share_clefe_discontiguous_mentions_are_tagged_as_blue_tags_them():
         # "left atrium ... dilated" is one mention in two fragments: B on the first word, I on the rest, O between
         [("The", "O"), ("left", "B"), ("atrium", "I"), ("is", "O"), ("moderately", "O"), ("dilated", "I"), (".", "O")],
         # "chest pain" annotated twice (two CUIs) is one mention; "____" is BLUE's "___" + "_"
-        [("History", "O"), ("of", "O"), ("Ménière", "B"), ("disease", "I"), ("and", "O"), ("chest", "B"), ("pain", "I"),
-         (";", "O"), ("no", "O"), ("edema", "B"), ("_", "O"), ("noted", "O"), (".", "O")],
+        [("History", "O"), ("of", "O"), ("Ménière", "B"), ("disease", "I"), ("and", "O"), ("chest", "B"),
+         ("pain", "I"), (";", "O"), ("no", "O"), ("edema", "B"), ("_", "O"), ("noted", "O"), (".", "O")],
     ]
     assert len(train) == 5 and _pairs(dev) == [[("Mild", "O"), ("mitral", "B"), ("regurgitation", "I"), (".", "O")]]
     assert _pairs(test)[0] == [("Aortic", "B"), ("valve", "I"), ("is", "O"), ("mildly", "O"), ("thickened", "I"),
@@ -148,7 +149,8 @@ def _copy(src: Path, tmp_path: Path) -> Path:
 def _finetune_cli(fmt: str, data: Path, tmp_path: Path) -> tuple[int, str]:
     return run_cli(["finetune", "ner", "--config", str(NER_RECIPE), f"model.dataset.format={fmt}",
                     f"model.dataset.data_dir={data}", "model.dataset.train_file=train", "model.dataset.dev_file=dev",
-                    f"model.dataset.test_file={TEST[fmt]}", "trainer.max_steps=1", f"exp_manager.exp_dir={tmp_path / 'runs'}",
+                    f"model.dataset.test_file={TEST[fmt]}", "trainer.max_steps=1",
+                    f"exp_manager.exp_dir={tmp_path / 'runs'}",
                     "exp_manager.name=bad"], logging.ERROR, " | ")
 
 
@@ -199,7 +201,8 @@ def test_a_type_not_in_the_training_labels_is_refused(tmp_path, fmt, file, old, 
     lineno = _edit(data / file, old, new)
     # the test split read as dev, so that it is read before training
     rc, msg = run_cli(["finetune", "ner", "--config", str(NER_RECIPE), f"model.dataset.format={fmt}",
-                       f"model.dataset.data_dir={data}", "model.dataset.train_file=train", f"model.dataset.dev_file={TEST[fmt]}",
+                       f"model.dataset.data_dir={data}", "model.dataset.train_file=train",
+                       f"model.dataset.dev_file={TEST[fmt]}",
                        "trainer.max_steps=1", f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=bad"],
                       logging.ERROR, " | ")
     assert rc == 2 and f"{data / file}:{lineno}: " in msg and "not in the label set" in msg, msg

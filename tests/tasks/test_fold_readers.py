@@ -63,7 +63,8 @@ def test_recipe_dry_run_reads_the_fold(capsys):
 
 def _finetune(tmp_path: Path, data: Path, fold: int) -> tuple[int, str]:
     return run_cli(["finetune", "classify", "--config", str(TINY), "model.dataset.task_name=euadr",
-                    f"model.dataset.fold={fold}", f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
+                    f"model.dataset.fold={fold}", f"model.dataset.data_dir={data}",
+                    "model.dataset.train_file=train.tsv",
                     "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv", "trainer.max_steps=1",
                     f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=fold"], logging.ERROR, " | ")
 
