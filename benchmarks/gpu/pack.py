@@ -177,6 +177,15 @@ def build(out: Path, limit: int = LIMIT) -> dict:
             shutil.rmtree(tmp)
 
 
+def tree_bytes() -> int | None:
+    """Bytes of what the lent machine copies besides carried folders: tracked and untracked, not ignored files."""
+    proc = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-co", "--exclude-standard"],
+                          capture_output=True)
+    if proc.returncode:
+        return None
+    return sum((REPO / f).stat().st_size for f in proc.stdout.decode().split("\0") if f and (REPO / f).is_file())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"pack folder (default {DEFAULT_OUT.relative_to(REPO)})")
@@ -190,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     total = manifest["total_bytes"]
     sys.stdout.write(f"gpu pack: {len(manifest['wheels'])} wheels, {total / 2**20:.1f} MiB "
                      f"(limit {args.limit_mib:.0f} MiB) in {args.out}\n")
+    tree = tree_bytes()
+    if tree is not None:  # the lent machine's 64 MiB hold the working tree and the carried pack together
+        both = (tree + total) / 2**20
+        sys.stdout.write(f"with the working tree ({tree / 2**20:.1f} MiB): {both:.1f} MiB of the 64 MiB a lent "
+                         f"GPU machine takes{'; TOO LARGE to send there as it is' if both > 64 else ''}\n")
     return 0
 
 
