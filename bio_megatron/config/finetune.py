@@ -98,7 +98,9 @@ class NerDatasetConfig:
 @dataclass
 class ReDatasetConfig:
     data_dir: str = "../shared/data/re/chemprot-scibert"
-    format: Literal["scibert", "chemprot_original", "nemo"] = "scibert"
+    format: Literal["scibert", "chemprot_original", "nemo", "i2b2_2010"] = "scibert"
+    """ChemProt as SciBERT's JSON lines, the BioCreative VI release or NeMo tsv; i2b2_2010: BLUE's i2b2 2010 relation
+    TSV (labels PIP ... TrWP and false; tasks/i2b2_relations.py)."""
     train_file: str = "train.txt"
     """A file (scibert JSONL, NeMo tsv) or, for chemprot_original, a split directory."""
     dev_file: str = "dev.txt"
@@ -167,8 +169,17 @@ class ClassifyDatasetConfig:
     max_examples_seed: int | None = None
 
 
+@dataclass
+class FinetuneOptimConfig(OptimConfig):
+    layerwise_lr_decay: float | None = None
+    """ELECTRA's layer-wise learning-rate decay (BioELECTRA: 0.8, paper 002 Table 7): the head keeps ``lr``, global
+    transformer layer l (0-based) gets ``lr * decay ** (L + 1 - l)``, the embeddings ``lr * decay ** (L + 2)``
+    (ELECTRA's convention, training/optimizer.py ``layer_depths``); null or 1.0: one learning rate."""
+
+
 def _finetune_optim() -> OptimConfig:
-    return OptimConfig(name="adam", lr=5e-5, weight_decay=0.0, sched=SchedConfig(name="linear", warmup_ratio=0.1))
+    return FinetuneOptimConfig(name="adam", lr=5e-5, weight_decay=0.0,
+                               sched=SchedConfig(name="linear", warmup_ratio=0.1))
 
 
 @dataclass
@@ -178,7 +189,7 @@ class FinetuneModelConfig(ModelConfig):
     global_batch_size: int = 32
     fc_hidden_size: int | None = None
     """Width of the head's hidden layers (the paper swept 512 and 1024); null = encoder width (NeMo)."""
-    optim: OptimConfig = field(default_factory=_finetune_optim)
+    optim: FinetuneOptimConfig = field(default_factory=_finetune_optim)
 
 
 @dataclass
@@ -273,6 +284,9 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
                         "supported for fine-tuning; start from weights with model.restore_from_path")
     if cfg.trainer.max_steps < 0 and cfg.trainer.max_epochs < 1:
         problems.append(f"trainer.max_epochs ({cfg.trainer.max_epochs}) must be >= 1 when trainer.max_steps is -1")
+    lwd = m.optim.layerwise_lr_decay
+    if lwd is not None and not 0.0 < lwd <= 1.0:  # (NaN fails this too)
+        problems.append(f"model.optim.layerwise_lr_decay ({lwd}) must be in (0, 1] or null")
     if m.fc_hidden_size is not None and m.fc_hidden_size < 1:
         problems.append(f"model.fc_hidden_size ({m.fc_hidden_size}) must be >= 1 or null")
     head = getattr(m, "head", None)

@@ -4,8 +4,10 @@ and its LR scheduler (warmup, then linear/cosine decay)."""
 from __future__ import annotations
 
 import torch
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get_standard_config_overrides
+from megatron.core.optimizer.optimizer_config import ParamKey, ParamPredicate
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer.transformer_layer import TransformerLayer
 
 from bio_megatron.config.pretrain import ModelConfig, OptimConfig
 from bio_megatron.training.lamb import install_lamb
@@ -27,7 +29,9 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         initial_loss_scale=amp.native_amp_init_scale, loss_scale_window=amp.native_amp_growth_interval,
         hysteresis=amp.hysteresis, min_loss_scale=amp.min_loss_scale,
     )
-    optimizer = get_megatron_optimizer(cfg, model_chunks)
+    decay = getattr(optim, "layerwise_lr_decay", None)  # fine-tuning configs only (config/finetune.py)
+    overrides = None if decay is None else layerwise_overrides(cfg, model_chunks, decay)
+    optimizer = get_megatron_optimizer(cfg, model_chunks, overrides)
     if optim.name == "lamb":
         # megatron-core builds Adam only (or SGD); LAMB replaces it inside megatron's own wrappers.
         install_lamb(optimizer, optim, model_chunks)
@@ -40,6 +44,50 @@ def build_optimizer(optim: OptimConfig, model_chunks: list, dtype: torch.dtype, 
         for chunk in model_chunks:
             chunk.config.grad_scale_func = optimizer.scale_loss
     return optimizer
+
+
+def layer_depths(model_chunks: list) -> tuple[dict[int, int], int]:
+    """Each parameter's depth as ELECTRA's fine-tuning code counts it (``_get_layer_lrs`` in its
+    ``model/optimization.py``), keyed by ``id(param)``, and the encoder's global layer count L: 0 for the embeddings
+    (ELECTRA's ``/embeddings/`` and ``/embeddings_project/``), l + 1 for transformer layer l (0-based GLOBAL index:
+    megatron's ``layer_number`` is 1-based and already includes this pipeline stage's offset, so on the second of
+    two stages the first local layer is global layer L/2), L + 2 for everything else (ELECTRA's ``task_specific/``:
+    the head, and here also pre-LN's final LayerNorm). Depth L + 1 is unused, as in ELECTRA."""
+    num_layers, in_layer = 0, {}
+    for chunk in model_chunks:
+        for mod in chunk.modules():
+            if isinstance(mod, TransformerLayer):
+                num_layers = mod.config.num_layers  # global, the same in every layer
+                for p in mod.parameters():
+                    in_layer[id(p)] = mod.layer_number
+    if not num_layers:
+        raise ValueError("model.optim.layerwise_lr_decay: no megatron-core TransformerLayer in the model")
+    depths = {}
+    for chunk in model_chunks:
+        for name, p in chunk.named_parameters():
+            if id(p) in in_layer:
+                depths[id(p)] = in_layer[id(p)]
+            elif any(part.startswith("embedding") for part in name.split(".")):
+                depths[id(p)] = 0
+            else:
+                depths[id(p)] = num_layers + 2
+    return depths, num_layers
+
+
+def layerwise_overrides(cfg: OptimizerConfig, model_chunks: list, decay: float) -> dict:
+    """megatron-core's standard overrides (no weight decay on biases and norms) plus, per depth d, the learning
+    rate ``lr * decay ** (L + 2 - d)`` as the group's ``max_lr``/``min_lr`` (the scheduler computes every group's
+    lr from these, so warm-up and decay keep the ratios) and ``lr_mult`` (megatron's record of the factor). Every
+    rank declares every depth (megatron aligns param groups across ranks; a PP stage's empty groups are harmless)."""
+    depths, num_layers = layer_depths(model_chunks)
+    overrides = get_standard_config_overrides(cfg)
+    for depth in [0, *range(1, num_layers + 1), num_layers + 2]:
+        ids = frozenset(i for i, d in depths.items() if d == depth)
+        mult = decay ** (num_layers + 2 - depth)
+        key = ParamKey(predicate=ParamPredicate(name=f"layerwise_lr_depth_{depth}",
+                                                fn=lambda p, ids=ids: id(p) in ids))
+        overrides[key] = {"max_lr": cfg.lr * mult, "min_lr": cfg.min_lr * mult, "lr_mult": mult}
+    return overrides
 
 
 def torch_adams(optimizer) -> list[torch.optim.Optimizer]:
