@@ -16,7 +16,7 @@ from bio_megatron.config.loader import to_dict
 from bio_megatron.config.preflight import (finetune_path_problems, pretrain_path_problems, raise_problems,
                                            vocab_problem)
 from bio_megatron.config.sizes import SIZES, padded_vocab_size, parameter_count
-from bio_megatron.utils.errors import BioMegatronError
+from bio_megatron.utils.errors import BioMegatronError, ConfigError
 
 SKIP_HELP = ("with --dry-run: validate the config only, without looking at its paths (e.g. on a login node where "
              "the data is not mounted)")
@@ -63,6 +63,17 @@ def _corpus(cfg) -> dict:
     return {"prefixes": out, "tokens": sum(d["tokens"] for d in out)}
 
 
+def _tracker_problems(cfg) -> list[str]:
+    """The W&B / MLflow settings as the run checks them on every rank (keys, packages installed); nothing opened."""
+    from bio_megatron.training.trackers import open_trackers
+
+    try:
+        open_trackers(cfg, Path(cfg.run_dir), False, {})
+    except ConfigError as exc:
+        return exc.problems
+    return []
+
+
 def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     """What ``pretrain --dry-run`` prints (raises one ConfigError listing every problem found)."""
     from bio_megatron.config.pretrain import electra_parameter_count, electra_shapes
@@ -96,7 +107,7 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
                                  "restore")
             except BioMegatronError as exc:
                 problems.append(f"model.restore_from_path: {exc}")
-    raise_problems(problems)
+    raise_problems(problems + _tracker_problems(cfg))
     vocab = tokenizer.vocab_size
     padded = padded_vocab_size(vocab, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     n = parameter_count(m.shape(), padded, m.max_position_embeddings, m.num_tokentypes, m.bert_binary_head)
@@ -145,7 +156,7 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
             restore_bad = True
     if (src is None or src.vocab_file is None) and not (m.restore_from_path and restore_bad):
         problems.append(vocab_problem("model.tokenizer.vocab_file", resolve_vocab(m.tokenizer.vocab_file)))
-    raise_problems([p for p in problems if p])
+    raise_problems([p for p in problems if p] + _tracker_problems(cfg))
     # The run's own set-up, which reads the source again (cheap: inspected, not loaded) and the data.
     src, tokenizer, task, same_task = prepare(cfg, None)  # the layout is checked against the planned world, not 1
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)

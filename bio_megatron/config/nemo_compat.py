@@ -11,7 +11,7 @@ document (a plain dict) into this project's key names. Every NeMo key ends in ex
   ``model.dataset.*``, ``token_classifier.*`` -> ``model.head.*``, the tokenizer and encoder names ...);
 * checked: the value must be the one behaviour this project has (``position_embedding_type:
   learned_absolute``); any other value is an error that lists the allowed values;
-* no effect here: listed once, with the reason, in one warning (``exp_manager.create_wandb_logger``: no W&B).
+* no effect here: listed once, with the reason, in one warning (``model.onnx_safe``: no ONNX export).
 
 Keys that are neither NeMo's nor ours stay in the document, so the dataclass builder still reports typos.
 """
@@ -87,8 +87,6 @@ NO_EFFECT: list[tuple[str, tuple[str, ...] | None, str]] = [
     ("trainer.resume_from_checkpoint", None, "null: nothing to resume (exp_manager.resume_if_exists resumes a "
                                              "preempted run)"),
     ("trainer.max_epochs", ("pretrain",), "pretraining is step-based: it stops at trainer.max_steps"),
-    ("exp_manager.create_wandb_logger", None, "no W&B in this project"),
-    ("exp_manager.wandb_logger_kwargs.*", None, "no W&B in this project"),
     ("exp_manager.resume_ignore_no_checkpoint", None, "a run without a checkpoint to resume starts fresh here"),
     ("exp_manager.create_checkpoint_callback", None, _CKPT),
     ("exp_manager.checkpoint_callback_params.monitor", None, _CKPT),
@@ -349,6 +347,11 @@ def _exp_manager(d: _Doc) -> None:
         v = d.pop("exp_manager.exp_dir")
         if v is not None:  # null: NeMo's default directory; ours is runs/
             d.set("exp_manager.exp_dir", v, "exp_manager.exp_dir")
+    for logger in ("wandb", "mlflow"):  # a disabled logger's kwargs are never read by NeMo (a ??? there included)
+        if d.out.get(f"exp_manager.create_{logger}_logger") is not True:
+            for key in [k for k in d.out if k.startswith(f"exp_manager.{logger}_logger_kwargs")]:
+                del d.out[key]
+                d.source.pop(key, None)
 
 
 def _encoder(d: _Doc, task: str) -> None:

@@ -164,4 +164,4 @@ def finetune_path_problems(cfg) -> list[str]:
 def raise_problems(problems: list[str], source: str | None = None) -> None:
     """All pre-flight problems in one error (exit 2 from the CLI), or nothing."""
     if problems:
-        raise ConfigError(problems, source or "pre-flight: paths the run reads")
+        raise ConfigError(problems, source or "pre-flight: what the run reads")

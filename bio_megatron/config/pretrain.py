@@ -60,6 +60,17 @@ class ExpManagerConfig:
     resume_from_checkpoint: str | None = None
     """Resume exactly (model, optimizer, scheduler, RNG, data position) from this checkpoint directory."""
     create_tensorboard_logger: bool = True
+    create_wandb_logger: bool = False
+    """NeMo's key: also log to Weights & Biases (``pip install 'bio-megatron[wandb]'``; ``WANDB_MODE=offline``
+    without network). training/trackers.py."""
+    wandb_logger_kwargs: dict | None = None
+    """Lightning WandbLogger's arguments, as NeMo passes them (name, project, save_dir: default the run folder,
+    offline, version, prefix, and wandb.init's own)."""
+    create_mlflow_logger: bool = False
+    """NeMo's key: also log to MLflow (``pip install 'bio-megatron[mlflow]'``)."""
+    mlflow_logger_kwargs: dict | None = None
+    """Lightning MLFlowLogger's arguments (experiment_name, run_name, tracking_uri: default the file store
+    ``<run>/mlruns``, tags, save_dir, prefix, artifact_location, run_id)."""
     checkpoint_callback_params: CheckpointCallbackParams = field(default_factory=CheckpointCallbackParams)
 
 

@@ -37,6 +37,7 @@ from bio_megatron.training.metrics import MetricsWriter, RunLogFile, fmt_eta, me
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.pretrain import wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
+from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
 from bio_megatron.utils.io import write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -238,8 +239,6 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
     is_writer = world.rank == 0
     resume = ckpt.find_resume_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
-    out = MetricsWriter(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size, fresh=resume is None)
-    tb = out.tb
     per_epoch = batches.steps_per_epoch
     epochs = math.ceil(max_steps / per_epoch)
     if is_writer and resume is None:
@@ -282,7 +281,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         batches.state = state
         value = float(scores[task.metric])
         history.append({"step": step, "dev_" + task.metric: value})
-        out.write({"step": step, "epoch": (step - 1) // per_epoch, "val_loss": dev_loss[0], "dev_" + task.metric: value},
+        out.write({"step": step, "epoch": (step - 1) // per_epoch, "val_loss": dev_loss[0],
+                   "dev_" + task.metric: value},
                   tensorboard={"val_loss": dev_loss[0], "val_" + task.metric: value})
         log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
         if value > best["metric"]:
@@ -344,20 +344,24 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
              cfg.task, len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
              m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), describe_precision(dtype))
+    derived = {"max_steps": max_steps, "steps_per_epoch": per_epoch, "epochs": epochs, "val_every_steps": every,
+               "train_examples": len(task.train.features), "dev_examples": len(dev.features),
+               "world_size": dist.get_world_size(), "data_parallel_size": ps.get_data_parallel_world_size(),
+               "labels": task.labels, "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
+               "compute_dtype": dtype_name(dtype), "resumed_at_step": state.step if resume is not None else None}
     if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
-        write_hparams(run_dir, to_dict(cfg), {
-            "max_steps": max_steps, "steps_per_epoch": per_epoch, "epochs": epochs, "val_every_steps": every,
-            "train_examples": len(task.train.features), "dev_examples": len(dev.features),
-            "world_size": dist.get_world_size(), "data_parallel_size": ps.get_data_parallel_world_size(),
-            "labels": task.labels, "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
-            "compute_dtype": dtype_name(dtype), "resumed_at_step": state.step if resume is not None else None})
+        write_hparams(run_dir, to_dict(cfg), derived)
+    trackers = open_trackers(cfg, run_dir, is_writer, {**to_dict(cfg), "derived": derived})  # W&B / MLflow
+    out = MetricsWriter(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size, fresh=resume is None,
+                        trackers=trackers)
+    tb = out.tb
     t0 = time.perf_counter()
     clock.update(start=t0, last=t0)
     try:
         status = train(state)
     finally:
         stop.restore()
-        out.close()
+        out.close(failed=state.nonfinite_streak >= t.max_nonfinite_steps)
     if status == "diverged":
         ckpt.shutdown_writer()
         raise NonFiniteError(f"fine-tuning stopped at step {state.step}: loss or gradients non-finite (NaN/Inf) for "

@@ -88,11 +88,13 @@ class TensorBoardLog:
 class MetricsWriter:
     """A run folder's ``metrics.jsonl`` (one JSON object per record, appended, flushed) and its TensorBoard
     scalars (NeMo's tag names), written by the one process given ``enabled``. ``fresh``: start a new
-    ``metrics.jsonl`` (a run that does not resume must not inherit an earlier attempt's records)."""
+    ``metrics.jsonl`` (a run that does not resume must not inherit an earlier attempt's records). ``trackers``
+    (:func:`bio_megatron.training.trackers.open_trackers`): W&B / MLflow get every record too."""
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, samples_per_step: int | None = None,
-                 fresh: bool = False):
+                 fresh: bool = False, trackers=None):
         self._jsonl = None
+        self.trackers = trackers
         if enabled:
             run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = open(run_dir / "metrics.jsonl", "w" if fresh else "a", encoding="utf-8")
@@ -109,12 +111,17 @@ class MetricsWriter:
         values = tensorboard if tensorboard is not None else \
             {k: v for k, v in rec.items() if k not in ("step", "nonfinite")}
         self.tb.scalars(rec["step"], values, train="loss" in rec)
+        if self.trackers is not None:
+            self.trackers.log(rec["step"], {k: v for k, v in rec.items() if k not in ("step", "nonfinite")})
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._jsonl:
             self._jsonl.close()
             self._jsonl = None
         self.tb.close()
+        if self.trackers is not None:
+            self.trackers.close(failed)
+            self.trackers = None
 
 
 class RunLogFile:
@@ -171,13 +178,13 @@ class RunLogger:
 
     def __init__(self, run_dir: Path, enabled: bool, tensorboard: bool, tokens_per_step: int,
                  flops_per_step: float, world_size: int, peak_tflops: float | None, max_steps: int,
-                 samples_per_step: int | None = None):
+                 samples_per_step: int | None = None, trackers=None):
         self.enabled = enabled
         self.tokens_per_step, self.flops_per_step = tokens_per_step, flops_per_step
         self.world_size, self.peak, self.max_steps = world_size, peak_tflops, max_steps
         self._t_last = time.perf_counter()
         self._step_last: int | None = None
-        self._out = MetricsWriter(run_dir, enabled, tensorboard, samples_per_step)
+        self._out = MetricsWriter(run_dir, enabled, tensorboard, samples_per_step, trackers=trackers)
 
     def start(self, step: int) -> None:
         self._t_last, self._step_last = time.perf_counter(), step
@@ -217,5 +224,5 @@ class RunLogger:
     def write(self, rec: dict) -> None:
         self._out.write(rec)
 
-    def close(self) -> None:
-        self._out.close()
+    def close(self, failed: bool = False) -> None:
+        self._out.close(failed)

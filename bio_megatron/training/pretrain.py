@@ -11,6 +11,7 @@ import torch
 from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
+from bio_megatron.config.loader import to_dict
 from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, electra_shapes, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
@@ -25,6 +26,7 @@ from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
+from bio_megatron.training.trackers import open_trackers
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.utils.errors import CheckpointError, DataError, NonFiniteError
@@ -181,7 +183,8 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     shape = m.shape()
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
                        m.global_batch_size * _flops_per_sequence(m, padded),
-                       world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size)
+                       world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
+                       trackers=open_trackers(cfg, run_dir, is_writer, to_dict(cfg)))  # W&B / MLflow, as NeMo's
     stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
 
