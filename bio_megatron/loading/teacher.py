@@ -80,7 +80,17 @@ def teacher_problems(student: ModelConfig, m: ModelConfig, alpha_cos: float) -> 
 
 def load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precision) -> torch.nn.Module:
     """This rank's teacher (after ``init_model_parallel``): eval mode, no gradients, weights from the source.
-    ``cfg``: the ``DistillConfig``; ``vocab_file``/``vocab_size``: the student's tokenizer."""
+    ``cfg``: the ``DistillConfig``; ``vocab_file``/``vocab_size``: the student's tokenizer. Every refusal names
+    ``model.teacher.restore_from_path``."""
+    try:
+        return _load_teacher(cfg, vocab_file, vocab_size, trainer_precision)
+    except CheckpointError as exc:
+        if str(exc).startswith("model.teacher.restore_from_path"):
+            raise
+        raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
+
+
+def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precision) -> torch.nn.Module:
     student = cfg.model
     where = student.teacher.restore_from_path
     src = resolve_source(where)

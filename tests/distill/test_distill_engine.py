@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from distill_runs import distill_overrides, distill_rank, losses, make_teacher
+from distill_runs import distill_overrides, distill_rank, losses
 from harness import run_world
 
 TERMS = ("loss", "mlm_loss", "kl_loss", "cos_loss")
@@ -21,10 +21,9 @@ def _records(run_dir: Path) -> dict[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def runs(pubmed_prefix, tmp_path_factory) -> dict:
+def runs(pubmed_prefix, distill_teacher, tmp_path_factory) -> dict:
     """The teacher and one TP1 distillation of 4 steps with a save every 2 (reused by every test here)."""
-    root = tmp_path_factory.mktemp("distill")
-    teacher = make_teacher(pubmed_prefix, root)
+    root, teacher = tmp_path_factory.mktemp("distill"), distill_teacher
     over = distill_overrides(pubmed_prefix, root, "tp1", teacher, steps=4, every=2, save_last=True)
     assert run_world(1, distill_rank, over) == ["finished"]
     return {"root": root, "teacher": teacher, "prefix": pubmed_prefix, "tp1": root / "tp1"}
@@ -130,3 +129,15 @@ def test_saved_student_is_an_ordinary_checkpoint_of_its_family(runs, tmp_path) -
     assert (config["hidden_size"], config["num_hidden_layers"]) == (32, 2)
     meta = json.loads((runs["tp1"] / "checkpoints" / "iter_0000004" / "bio_megatron.json").read_text())
     assert meta["family"] == "megatron_bert" and meta["distilled_from"] == str(runs["teacher"])
+
+
+def test_a_hugging_face_teacher_teaches_as_its_checkpoint(runs, tmp_path) -> None:
+    """The teacher exported to an HF folder (MegatronBertForMaskedLM) and read back by loading/: the same losses,
+    term by term, as with the checkpoint it came from."""
+    hf = tmp_path / "teacher_hf"
+    (rc, msg), = run_world(1, _cli, ["export", "hf", "--checkpoint", str(runs["teacher"]), "--out", str(hf)])
+    assert rc == 0, msg
+    over = distill_overrides(runs["prefix"], runs["root"], "hf_teacher", hf, steps=2)
+    assert run_world(1, distill_rank, over) == ["finished"]
+    ours, theirs = _records(runs["tp1"]), _records(runs["root"] / "hf_teacher")
+    assert [(s, k) for s in (1, 2) for k in TERMS if abs(ours[s][k] - theirs[s][k]) > 1e-5] == []
