@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores
+from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, POSITIVE_LABELS, chemprot_scores
 from bio_megatron.models.heads import build_head
 from bio_megatron.tasks.re_data import RelationExample, read_relations
 from bio_megatron.tasks.subset import take
@@ -17,7 +17,20 @@ from bio_megatron.utils.errors import DataError
 
 
 def read_split(d, name: str) -> list[RelationExample]:
+    if d.format == "i2b2_2010":  # BLUE's i2b2 2010 relation TSV (its own labels and positives)
+        from bio_megatron.tasks.i2b2_relations import read_i2b2_relations
+
+        return read_i2b2_relations(Path(d.data_dir) / name)
     return read_relations(Path(d.data_dir) / name, d.format)
+
+
+def label_set(fmt: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(labels, the positives scored) of a relation format: ChemProt's, or i2b2 2010's."""
+    if fmt == "i2b2_2010":
+        from bio_megatron.tasks.i2b2_relations import I2B2_RE_LABELS, I2B2_RE_POSITIVES
+
+        return I2B2_RE_LABELS, I2B2_RE_POSITIVES
+    return CHEMPROT_LABELS, POSITIVE_LABELS
 
 
 @dataclass
@@ -37,7 +50,7 @@ class ReTask:
     def __init__(self, cfg, tokenizer, labels: list[str] | None = None):
         self.d = cfg.model.dataset
         self.tokenizer = tokenizer
-        self.labels = list(labels or CHEMPROT_LABELS)
+        self.labels = list(labels or label_set(self.d.format)[0])
         self.label_map = {t: i for i, t in enumerate(self.labels)}
         self.train = self._encode(take(read_split(self.d, self.d.train_file), self.d.max_train_examples,
                                         self.d.max_examples_seed, lambda e: e.label), "train")
@@ -100,7 +113,8 @@ class ReTask:
 
     def score(self, split: ReSplit, outputs: list) -> dict:
         """Micro precision/recall/F1 over the positive classes (fractions), negatives excluded."""
-        return chemprot_scores([e.label for e in split.examples], [self.labels[o] for o in outputs])
+        return chemprot_scores([e.label for e in split.examples], [self.labels[o] for o in outputs],
+                               label_set(self.d.format)[1])
 
     def write_predictions(self, split: ReSplit, outputs: list, path: Path) -> Path | None:
         """None: RE writes no prediction file (its test scores are computed in-process, in results.json)."""

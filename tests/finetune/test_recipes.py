@@ -33,7 +33,7 @@ def test_recipe_validates(path):
         if path.stem in ("bc5cdr_chem_blue", "bc4chemd", "linnaeus", "species_800") or path.stem.startswith("i2b2_"):
             # bio-lm's sequence-labelling protocol (paper 004 §5.2), not BioMegatron's
             paper = (20, 1e-5, 128)
-        if path.stem == "share_clefe":  # BioELECTRA's per-task values (paper 002 Table 7)
+        if path.stem in ("share_clefe", "i2b2_2010_re"):  # BioELECTRA's per-task values (paper 002 Table 7)
             paper = (5, 2e-4, 128)
         assert (cfg.trainer.max_epochs, cfg.model.optim.lr, d.max_seq_length) == paper
     if task == "qa":

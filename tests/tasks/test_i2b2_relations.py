@@ -1,0 +1,76 @@
+"""i2b2 2010 relations in BLUE's TSV (issue 23 item 1; tasks/i2b2_relations.py) for ``finetune re``: the reader on a
+synthetic file in BLUE's exact form (csv-quoted sentence, a pair written once per relation, an overlap marker,
+non-ASCII), scoring as BLUE's micro-F1 over the eight types with ``false`` excluded (checked against
+scikit-learn), a bad line refused with file and line (exit 2), and a two-step ``finetune re`` end to end."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from harness import run_world
+from sklearn.metrics import precision_recall_fscore_support
+
+from reliability.cli_log import run_cli
+from bio_megatron.evaluation.chemprot import chemprot_scores
+from bio_megatron.tasks.i2b2_relations import I2B2_RE_LABELS, I2B2_RE_POSITIVES, read_i2b2_relations
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "fixtures" / "clinical" / "i2b2_2010_re"
+TINY = ROOT / "nemo_configs" / "re" / "tiny_re.yaml"
+
+
+def test_blue_relation_tsv_by_hand():
+    train = read_i2b2_relations(DATA / "train.tsv")
+    assert [e.label for e in train] == ["TrAP", "false", "TeRP", "TrWP", "TrCP", "TrNAP", "PIP", "false"]
+    assert train[5].sentence == 'She reported "@problem$" despite @treatment$ .'  # csv's quoting undone
+    assert train[3].sentence == train[4].sentence  # one pair, two relations: two examples, as BLUE writes them
+    assert "Sjögren" in train[6].sentence and train[7].sentence.startswith("@test-problem$")
+    assert train[0].source.endswith("train.tsv:2 (record-13.l1.l2)")
+    assert I2B2_RE_LABELS[0] == "false" and len(I2B2_RE_POSITIVES) == 8
+
+
+def test_score_is_micro_f1_over_the_eight_types_without_false():
+    gold = [e.label for e in read_i2b2_relations(DATA / "test.tsv")] * 2
+    pred = ["TeRP", "TrAP", "false", "TeCP", "TeCP", "TrIP", "TeCP", "TrAP"]
+    got = chemprot_scores(gold, pred, I2B2_RE_POSITIVES)
+    p, r, f, _ = precision_recall_fscore_support(gold, pred, labels=list(I2B2_RE_POSITIVES), average="micro",
+                                                 zero_division=0)
+    assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f))
+    assert got["f1"] == pytest.approx(6 / 13) and got["accuracy"] == 3 / 8  # 3 true positives, 7 predicted, 6 gold
+
+
+@pytest.mark.parametrize("line,needle", [
+    ("0001.l0.l1\t@test$ revealed @problem$ .\tTrXX", "label 'TrXX' is not one of"),
+    ("0001.l0.l1\t@test$ revealed @problem$ .", "2 tab-separated field(s)"),
+    ("0001.l0.l1\tnothing marked here .\tfalse", "without BLUE's @<type>$ concept markers"),
+])
+def test_bad_line_is_refused_with_file_and_line(tmp_path, line, needle):
+    lines = (DATA / "dev.tsv").read_text(encoding="utf-8").split("\n")
+    lines[2] = line
+    (tmp_path / "dev.tsv").write_text("\n".join(lines), encoding="utf-8")
+    (tmp_path / "train.tsv").write_bytes((DATA / "train.tsv").read_bytes())
+    rc, msg = run_cli(["finetune", "re", "--config", str(TINY), "model.dataset.format=i2b2_2010",
+                       f"model.dataset.data_dir={tmp_path}", "model.dataset.train_file=train.tsv",
+                       "model.dataset.dev_file=dev.tsv", "trainer.max_steps=1",
+                       f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=bad"], logging.ERROR, " | ")
+    assert rc == 2 and f"{tmp_path / 'dev.tsv'}:3: " in msg and needle in msg and "Traceback" not in msg, msg
+    assert not list((tmp_path / "runs").rglob("results.json"))
+
+
+def _finetune(over: list[str]) -> dict:
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.tasks.finetune import run_finetuning
+
+    os.chdir(ROOT)
+    return run_finetuning(load_finetune_config("re", TINY, over, int(os.environ["WORLD_SIZE"])))
+
+
+def test_finetune_re_on_i2b2_2010_scores_the_relation_types(tmp_path):
+    over = ["model.dataset.format=i2b2_2010", f"model.dataset.data_dir={DATA}", "model.dataset.train_file=train.tsv",
+            "model.dataset.dev_file=dev.tsv", "model.dataset.test_file=test.tsv", "trainer.max_steps=2",
+            "trainer.val_check_interval=2", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=rel"]
+    (res,) = run_world(1, _finetune, over)
+    assert set(res["test"]["per_class"]) == set(I2B2_RE_POSITIVES) and res["test"]["support"] == 3
