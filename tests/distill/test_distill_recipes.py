@@ -30,3 +30,18 @@ def test_biolm_student_is_the_pretraining_recipe_but_for_what_distillation_chang
     changed = {k for k in student if student[k] != distill[k]}
     assert changed == {"tensor_model_parallel_size", "restore_from_path", "optim"}
     assert {k for k in student["optim"] if student["optim"][k] != distill["optim"][k]} == {"lr"}
+
+
+def test_pretrain_sbatch_launches_distill_or_refuses_another_command() -> None:
+    """slurm/pretrain.sbatch's COMMAND picks the trainer (pretrain, distill); anything else stops before SLURM."""
+    import os
+    import subprocess
+
+    repo = RECIPES[0].parents[2]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    res = subprocess.run(["bash", "slurm/pretrain.sbatch"], cwd=repo, env={**base, "COMMAND": "finetune"},
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "COMMAND must be pretrain or distill, got 'finetune'" in res.stderr, res.stderr
+    res = subprocess.run(["bash", "slurm/pretrain.sbatch"], cwd=repo, capture_output=True, text=True, timeout=30,
+                         env={**base, "COMMAND": "distill", "RECIPE": "nemo_configs/distill/tiny_distill.yaml"})
+    assert res.returncode != 0 and "not inside a SLURM job" in res.stderr, res.stderr  # past the command check
