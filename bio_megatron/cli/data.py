@@ -141,3 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "texts, in order, make one document, split into sentences here (default: our "
                         "'sentences' schema)")
     t.set_defaults(func=_tokenize)
+
+    from bio_megatron.cli import data_convert  # the clinical releases' converters (their own module)
+
+    data_convert.register(sub)

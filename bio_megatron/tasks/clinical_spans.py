@@ -59,6 +59,9 @@ class SpanStats:
     overlapping_dropped: int = 0
     duplicates: int = 0
     text_mismatches: int = 0
+    split_documents: int = 0
+    """Documents of the split last chosen (train and dev read the whole training release: the other counts are
+    of every document read)."""
 
     def add(self, other: "SpanStats") -> None:
         for key in vars(self):

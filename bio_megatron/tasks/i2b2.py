@@ -137,6 +137,7 @@ def chosen_sentences(what: str, name: str, docs: dict[str, list[Sentence]], chos
                      stats: SpanStats) -> list[Sentence]:
     """The chosen documents' sentences, in order, with one log line of counts."""
     out = [s for d in chosen for s in docs[d]]
+    stats.split_documents = len(chosen)
     mentions = sum(t == "B" or t.startswith("B-") for s in out for t in s.tags)
     log.info("%s %s: %d documents, %d sentences, %d mentions (of all documents read: %d overlapping dropped, "
              "%d duplicates)", what, name, len(chosen), len(out), mentions, stats.overlapping_dropped, stats.duplicates)

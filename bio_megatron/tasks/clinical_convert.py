@@ -1,0 +1,89 @@
+"""``bio-megatron data convert <format> --input <release> --out <dir>``: an unpacked clinical NER release -> our IOB
+files (``train.tsv``, ``dev.tsv``, ``test.tsv``: ``token<TAB>tag``, what ``finetune ner`` reads with
+``model.dataset.format: iob``), with counts beside the sizes the papers give for the release.
+
+The splits are the readers' (:mod:`i2b2`, :mod:`i2b2_xml`, :mod:`share_clefe`): train/dev the patient-level split
+(ShARe/CLEFE: BLUE's dev list when ``devel_docids.txt`` is there), test the test release. What is written equals
+what ``finetune ner`` reads from the release directly with that format. The folder is written whole or not at all
+(a temporary sibling renamed into place; an earlier convert output is replaced only with ``--overwrite``), with
+``counts.json`` holding what is printed.
+
+Released sizes (:data:`RELEASED`) are checked where the papers give a figure our counts can equal: a difference is
+a warning and ``"matches": false`` (another version of the release, or files missing), not an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from bio_megatron.corpus.iob import Sentence, write_iob
+from bio_megatron.tasks.clinical_spans import SpanStats
+from bio_megatron.tasks.i2b2 import RELEASE_2010, read_i2b2_2010
+from bio_megatron.tasks.i2b2_xml import RELEASES, read_i2b2_xml
+from bio_megatron.tasks.share_clefe import TEST_REPORTS, read_share_clefe
+from bio_megatron.utils.io import atomic_path, write_json_atomic
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
+
+Reader = Callable[[Path, str, SpanStats], list[Sentence]]
+READERS: dict[str, tuple[Reader, str]] = {  # format -> (reader, the test release's folder)
+    "i2b2_2010": (lambda d, n, st: read_i2b2_2010(d, n, None, st), RELEASE_2010["test"]),
+    "i2b2_2012": (lambda d, n, st: read_i2b2_xml("i2b2_2012", d, n, None, st), RELEASES["i2b2_2012"]["test"]),
+    "i2b2_2014": (lambda d, n, st: read_i2b2_xml("i2b2_2014", d, n, None, st), RELEASES["i2b2_2014"]["test"]),
+    "share_clefe": (lambda d, n, st: read_share_clefe(d, n, None, st), TEST_REPORTS),
+}
+# What the papers say the release holds; "check": the counts of ours that must equal it (None: printed only).
+RELEASED: dict[str, dict] = {
+    "i2b2_2010": {"documents": 871, "source": "paper 004 §2.1 (the challenge's corpus; the public n2c2 release "
+                  "holds part of it, so the document count is printed, not checked)", "check": None},
+    "i2b2_2012": {"documents": 310, "source": "paper 004 §2.1 (discharge summaries, training + test)",
+                  "check": "documents"},
+    "i2b2_2014": {"documents": 1304, "source": "paper 004 §2.1 (longitudinal records, training + test)",
+                  "check": "documents"},
+    "share_clefe": {"mentions": {"train": 4628, "dev": 1075, "test": 5195},
+                    "source": "paper 002 Table 1 (disorder mentions; dev = BLUE's devel_docids.txt)",
+                    "check": "mentions"},
+}
+FORMATS = tuple(READERS)
+
+
+def _counts(sentences: list[Sentence], stats: SpanStats) -> dict:
+    return {"documents": stats.split_documents, "sentences": len(sentences),
+            "tokens": sum(len(s.words) for s in sentences),
+            "mentions": sum(t == "B" or t.startswith("B-") for s in sentences for t in s.tags)}
+
+
+def convert_release(fmt: str, release: str | Path, out: str | Path, overwrite: bool = False) -> dict:
+    """Read every split of ``release``, write ``out/{train,dev,test}.tsv`` and ``counts.json``; return the counts."""
+    reader, test_folder = READERS[fmt]
+    splits, counts, problems = {}, {}, {}
+    for name, folder in (("train", "train"), ("dev", "dev"), ("test", test_folder)):
+        stats = SpanStats()
+        splits[name] = reader(Path(release), folder, stats)
+        counts[name] = _counts(splits[name], stats)
+        # train and dev both read the whole training release: its problems are reported once
+        if name != "dev":
+            problems["training release" if name == "train" else "test release"] = {
+                "overlapping_dropped": stats.overlapping_dropped, "duplicates": stats.duplicates,
+                "text_mismatches": stats.text_mismatches}
+    released = {k: v for k, v in RELEASED[fmt].items() if k != "check"}
+    check = RELEASED[fmt]["check"]
+    if check == "documents":
+        ours = sum(c["documents"] for c in counts.values())
+        released["matches"] = ours == released["documents"]
+    elif check == "mentions":
+        ours = {name: c["mentions"] for name, c in counts.items()}
+        released["matches"] = ours == released["mentions"]
+    if released.get("matches") is False:
+        log.warning("%s: our %s (%s) differ from the released %s (%s): another version of the release, or files "
+                    "missing?", release, check, ours, released[check], released["source"])
+    result = {"format": fmt, "input": str(release), "out": str(out), "splits": counts, "dropped": problems,
+              "released": released}
+    with atomic_path(out, command="data convert", overwrite=overwrite) as tmp:
+        tmp.mkdir()
+        for name, sentences in splits.items():
+            write_iob(tmp / f"{name}.tsv", sentences)
+        write_json_atomic(tmp / "counts.json", result)
+    return result
