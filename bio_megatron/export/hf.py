@@ -81,6 +81,11 @@ def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
             if f.is_file():
                 shutil.copyfile(f, out / f.name)
         return
+    from bio_megatron.vocab.sentencepiece import save_sentencepiece, spiece_file
+
+    if spiece_file(vocab_file) is not None:  # ALBERT: spiece.model + transformers' AlbertTokenizer files
+        save_sentencepiece(out, spiece_file(vocab_file), lowercase)
+        return
     from transformers import BertTokenizer
 
     tokens = Path(vocab_file).read_text(encoding="utf-8").split("\n")
@@ -200,7 +205,7 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
         # building transformers' plain head with random weights.
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "transformers_version")}
         config = BioMegatronConfig(**fields)
-    return hsd, config, tok.lowercase if family.tokenizer_kind == "wordpiece" else False, labels
+    return hsd, config, tok.lowercase if family.tokenizer_kind != "bpe" else False, labels
 
 
 def _pretraining_to_hf(src: Source):
@@ -227,7 +232,7 @@ def _pretraining_to_hf(src: Source):
     tokens = family.hf_tokens(tok)
     hsd = family.to_hf(sd, m, tok.vocab_size, binary_head=binary, **tokens)
     config = family.hf_config(m, tok.vocab_size, **tokens, architectures=[cls])
-    return hsd, config, tok.lowercase if family.tokenizer_kind == "wordpiece" else False, None
+    return hsd, config, tok.lowercase if family.tokenizer_kind != "bpe" else False, None
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,

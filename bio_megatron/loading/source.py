@@ -131,6 +131,11 @@ def _hf_vocab(path: Path) -> tuple[Path | None, bool | None]:
     if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():  # RoBERTa's byte-level BPE
         return path / "vocab.json", False
     lower = None
+    if (path / "spiece.model").is_file() and not (path / "vocab.txt").is_file():  # ALBERT's SentencePiece model
+        if (path / "tokenizer_config.json").is_file():
+            value = load_json(path / "tokenizer_config.json").get("do_lower_case")
+            lower = value if isinstance(value, bool) else None
+        return path / "spiece.model", lower
     if (path / "tokenizer.json").is_file():
         tokens, lower = read_tokenizer_json(path / "tokenizer.json")
         if not (path / "vocab.txt").is_file():
