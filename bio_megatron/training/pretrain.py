@@ -25,7 +25,7 @@ from bio_megatron.training import electra_loss, memory, resume_checks
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
-from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
+from bio_megatron.training.metrics import RunLogFile, RunLogger, device_peak_tflops, flops_per_sequence, write_hparams
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
 from bio_megatron.training.signals import Interrupted, StopRequest
@@ -128,7 +128,8 @@ def run_pretraining(cfg: PretrainConfig) -> str:
     family_of_model(cfg.model)  # model.family checked against the registry before the run directory is touched
     load_tokenizer(cfg)  # so is the vocabulary (a missing or bad vocab.txt / .model): nothing is written
     # Locked before anything (stale-save removal, index cache, metrics) touches the run directory.
-    with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"):
+    with run_dir_lock(cfg.run_dir, f"run directory {cfg.run_dir}"), \
+            RunLogFile(cfg.run_dir / "run.log", world.rank == 0):  # the run's log lines, in its folder too
         try:
             return _pretrain(cfg, world)
         except OSError as exc:  # the metrics, TensorBoard or status files of a full disk (saves say so themselves)
@@ -223,6 +224,11 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         log.info("ELECTRA: generator hidden %d, heads %d, FFN %d (fraction %.4g); loss = generator + %g x "
                  "discriminator", g.hidden_size, g.num_attention_heads, g.ffn_hidden_size,
                  m.generator_hidden_fraction, m.discriminator_loss_weight)
+    if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
+        write_hparams(run_dir, to_dict(cfg), {
+            "max_steps": t.max_steps, "start_step": step, "world_size": world.world_size,
+            "data_parallel_size": ps.get_data_parallel_world_size(), "vocab_size": tokenizer.vocab_size,
+            "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype)})
     t0 = time.perf_counter()
     runlog.start(step)
     try:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bio_megatron.config.pretrain import load_pretrain_config
 from bio_megatron.training.trackers import open_trackers
@@ -39,6 +40,11 @@ def test_pretraining_logs_to_wandb_offline_and_mlflow_file_store(pubmed_prefix, 
     recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3]
     assert [r["step"] for r in recs if "val_loss" in r] == [2, 3]  # every 2 steps and at the end
+
+    # the run folder also holds its log lines and its resolved config (as fine-tuning's, NeMo's hparams.yaml)
+    assert all(f"step {s}/3 | loss" in (run_dir / "run.log").read_text() for s in (1, 2, 3))
+    hparams = yaml.safe_load((run_dir / "hparams.yaml").read_text())
+    assert hparams["cfg"]["size"] == "tiny" and hparams["derived"]["max_steps"] == 3
 
     info, config, history = wandb_run(run_dir)
     assert info["name"] == "trk" and config["trainer"]["max_steps"] == 3
