@@ -175,3 +175,29 @@ def test_finetuning_resume_with_another_lr_is_refused(tmp_path):
     assert "CheckpointError: cannot resume from checkpoint" in text and "model.optim.lr is 0.123" in text, text
     assert "exp_manager.resume_if_exists=false" in text, text
     assert tree_digest(resume) == before
+
+
+@pytest.mark.parametrize("key,saved_value,why", [
+    ("model.optim.bias_correction", False, "LAMB moments"),
+    ("model.embedding_size", 32, "factorised embedding"),
+])
+def test_lamb_update_and_albert_embedding_are_compared(key, saved_value, why, tmp_path):
+    """A LAMB run resumed with the other bias-correction setting, or ALBERT with another embedding width, is named
+    as a mismatch (the generic check reads CHECKED; these rows came with LAMB and ALBERT)."""
+    import yaml
+
+    from bio_megatron.config.loader import to_dict
+    from bio_megatron.config.pretrain import PretrainConfig
+    from bio_megatron.training.resume_checks import mismatches
+
+    cfg = PretrainConfig()
+    cfg.model.size, cfg.model.optim.name = "tiny", "lamb"
+    saved = to_dict(cfg)
+    section, _, leaf = key.rpartition(".")
+    node = saved
+    for part in section.split("."):
+        node = node[part]
+    node[leaf] = saved_value
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))
+    found = {k: w for k, _, _, w in mismatches(tmp_path, cfg, weights_only=False)}
+    assert key in found and why in found[key], found
