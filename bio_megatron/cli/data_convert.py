@@ -1,4 +1,4 @@
-"""``bio-megatron data convert <format>``: an unpacked clinical NER release -> our IOB files, counts printed beside
+"""``bio-megatron data convert <format>``: an unpacked clinical release -> our IOB / BLUE TSV files, counts beside
 the released sizes (tasks/clinical_convert.py). Registered under ``data`` by :mod:`bio_megatron.cli.data`."""
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ def _convert(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     from bio_megatron.tasks.clinical_convert import FORMATS
 
-    c = sub.add_parser("convert", help="an unpacked clinical NER release (i2b2 2010/2012/2014, ShARe/CLEFE) -> "
-                                       "train/dev/test IOB files, with counts beside the released sizes")
-    c.add_argument("format", choices=FORMATS, help="the release (the model.dataset.format of the same name reads it "
-                                                  "directly)")
+    c = sub.add_parser("convert", help="an unpacked clinical release (i2b2 2010/2012/2014, ShARe/CLEFE; i2b2 2010 "
+                                       "relations) -> train/dev/test IOB (relations: BLUE's TSV) files, with counts "
+                                       "beside the released sizes")
+    c.add_argument("format", choices=FORMATS, help="the release (the NER model.dataset.format of the same name reads "
+                                                  "it directly; i2b2_2010_re writes what finetune re reads with "
+                                                  "format i2b2_2010)")
     c.add_argument("--input", required=True, help="the release's folder, as unpacked")
     c.add_argument("--out", required=True, help="folder for train.tsv, dev.tsv, test.tsv and counts.json")
     c.add_argument("--overwrite", action="store_true", help="replace an earlier data convert output")

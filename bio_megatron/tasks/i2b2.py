@@ -43,11 +43,39 @@ RELEASE_2010 = {"train": [f"{TRAIN_2010}/partners", f"{TRAIN_2010}/beth"], "test
 TEST_TEXTS_2010 = "test_data"  # the test release's texts, beside its reference standard
 
 
+class Positions:
+    """``L:T L:T`` token positions of a text -> character offsets (``[start, end)``), each checked."""
+
+    def __init__(self, text: str):
+        self.text, self.lines = text, text.split("\n")
+        self.starts = np.cumsum([0] + [len(line) + 1 for line in self.lines]).tolist()
+
+    def span(self, concept: str, l1: int, t1: int, l2: int, t2: int, path: Path, lineno: int) -> tuple[int, int]:
+        ends = []
+        for line_no, tok in ((l1, t1), (l2, t2)):
+            if not 1 <= line_no <= len(self.lines):
+                raise DataError(f"line {line_no} of {line_no}:{tok} is outside the text ({len(self.lines)} lines)",
+                                str(path), lineno)
+            line = self.lines[line_no - 1]
+            words = [w.span() for w in _WORD.finditer(line)]
+            index = tok - 1 if line[:1].isspace() else tok
+            if not 0 <= index < len(words):
+                raise DataError(f"token {tok} of {line_no}:{tok} is outside the line ({len(words)} tokens)",
+                                str(path), lineno)
+            ends.append(self.starts[line_no - 1] + words[index][0 if not ends else 1])
+        start, end = ends
+        if end <= start:
+            raise DataError(f"concept ends ({l2}:{t2}) before it starts ({l1}:{t1})", str(path), lineno)
+        found = self.text[start:end]
+        if l1 == l2 and " ".join(found.split()).lower() != " ".join(concept.split()).lower():
+            raise DataError(f"concept text {concept!r} is not the text at {l1}:{t1}-{l2}:{t2} ({found!r}): the "
+                            f"annotation file does not belong to its .txt", str(path), lineno)
+        return start, end
+
+
 def read_con(path: Path, text: str, allowed: set[str] | None = None) -> list[Mention]:
     """The concepts of one ``.con`` file as character offsets into ``text`` (its ``.txt``), each checked."""
-    lines = text.split("\n")
-    out: list[Mention] = []
-    starts = np.cumsum([0] + [len(line) + 1 for line in lines]).tolist()
+    positions, out = Positions(text), []
     for lineno, raw in iter_lines(path, f"i2b2 2010 concept lines {CON_LINE}"):
         if not raw.strip():
             continue
@@ -57,25 +85,7 @@ def read_con(path: Path, text: str, allowed: set[str] | None = None) -> list[Men
         concept, l1, t1, l2, t2, ctype = m.group(1), *map(int, m.group(2, 3, 4, 5)), m.group(6)
         if allowed is not None and f"B-{ctype}" not in allowed:
             raise DataError(f"concept type {ctype!r} is not in the label set {sorted(allowed)}", str(path), lineno)
-        span = []
-        for line_no, tok in ((l1, t1), (l2, t2)):
-            if not 1 <= line_no <= len(lines):
-                raise DataError(f"line {line_no} of {line_no}:{tok} is outside the text ({len(lines)} lines)",
-                                str(path), lineno)
-            line = lines[line_no - 1]
-            words = [w.span() for w in _WORD.finditer(line)]
-            index = tok - 1 if line[:1].isspace() else tok
-            if not 0 <= index < len(words):
-                raise DataError(f"token {tok} of {line_no}:{tok} is outside the line ({len(words)} tokens)",
-                                str(path), lineno)
-            span.append((line_no, words[index]))
-        (sl, (s, _)), (el, (_, e)) = span
-        start, end = starts[sl - 1] + s, starts[el - 1] + e
-        if end <= start:
-            raise DataError(f"concept ends ({l2}:{t2}) before it starts ({l1}:{t1})", str(path), lineno)
-        if sl == el and " ".join(text[start:end].split()).lower() != " ".join(concept.split()).lower():
-            raise DataError(f"concept text {concept!r} is not the text at {l1}:{t1}-{l2}:{t2} "
-                            f"({text[start:end]!r}): the .con file does not belong to its .txt", str(path), lineno)
+        start, end = positions.span(concept, l1, t1, l2, t2, path, lineno)
         out.append(Mention(start, end, ctype, str(path), lineno))
     return out
 

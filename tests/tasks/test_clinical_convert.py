@@ -75,3 +75,40 @@ def test_an_earlier_output_is_replaced_only_with_overwrite(capsys, tmp_path):
     rc, msg, _ = _convert(capsys, "i2b2_2014", FIX / "i2b2_2014", out)
     assert rc == 2 and "--overwrite" in msg, msg
     assert _convert(capsys, "i2b2_2014", FIX / "i2b2_2014", out, "--overwrite")[0] == 0
+
+
+def test_i2b2_2010_relations_convert_to_blue_tsv_by_hand(capsys, tmp_path):
+    from bio_megatron.tasks.i2b2_relations import read_i2b2_relations
+
+    out = tmp_path / "re"
+    rc, msg, res = _convert(capsys, "i2b2_2010_re", FIX / "i2b2_2010", out)
+    assert rc == 0, msg
+    # record-13 (dev by the split): 6 pairs on line 3 (aspirin / aspirin 81 mg / chest pain twice), 1 on line 4, 1 on
+    # line 5 (a concept going on over the line end counts on its first line); fever-chest pain spans lines: dropped
+    dev = read_i2b2_relations(out / "dev.tsv")
+    assert [(e.sentence, e.label) for e in dev] == [
+        ("The patient was given @treatment-treatment$ for chest pain .", "false"),  # overlapping concepts: one marker
+        ("The patient was given @treatment$ 81 mg for @problem$ .", "false"),
+        ("The patient was given @treatment$ 81 mg for @problem$ .", "false"),
+        ("The patient was given @treatment$ for @problem$ .", "TrAP"),
+        ("The patient was given @treatment$ for @problem$ .", "false"),  # the duplicate concept: no relation (BLUE)
+        ("The patient was given aspirin 81 mg for @problem-problem$ .", "false"),
+        ("She denies @problem$ , chills or @problem$ .", "false"),
+        (" @test$ showed no @problem$", "TeRP"),
+    ]
+    assert dev[3].source.endswith("(record-13.record-13.con.l1.record-13.con.l2)")  # BLUE's index
+    assert res["splits"] == {"train": {"examples": 1, "relations": 1}, "dev": {"examples": 8, "relations": 2},
+                             "test": {"examples": 1, "relations": 1}}
+    assert res["dropped"] == {"relations_not_on_one_line": 1} and res["released"]["matches"] is False
+    assert [(e.sentence, e.label) for e in read_i2b2_relations(out / "test.tsv")] == [
+        ("Continue @treatment$ for @problem$ .", "TrAP")]
+
+
+def test_a_relation_line_that_does_not_parse_writes_nothing(capsys, tmp_path):
+    data = tmp_path / "release"
+    shutil.copytree(FIX / "i2b2_2010", data)
+    rel = data / "reference_standard_for_test_data" / "rel" / "0001.rel"
+    rel.write_text('c="metformin" 2:1 2:1||r="TrAP"\n', encoding="utf-8")
+    rc, msg, _ = _convert(capsys, "i2b2_2010_re", data, tmp_path / "out")
+    assert rc == 2 and f"{rel}:1: does not parse as a relation line" in msg, msg
+    assert not (tmp_path / "out").exists()
