@@ -114,6 +114,10 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     extra: dict = {}
     if m.objective == "electra":  # generator + discriminator, the shared embedding counted once
         n, extra = electra_parameter_count(m, padded), {"generator": electra_shapes(m).__dict__}
+    if m.family == "albert":  # one shared layer, a factorised embedding
+        from bio_megatron.models.albert import albert_parameter_count
+
+        n = albert_parameter_count(m, padded)
     source = f"model.restore_from_path {m.restore_from_path} (checked to match)" if m.restore_from_path else \
         f"model.size {m.size}" + (" with overrides" if m.shape().status == "custom" else "")
     sequences = t.max_steps * m.global_batch_size

@@ -60,6 +60,10 @@ def parameters_per_rank(m: ModelConfig, padded_vocab: int) -> int:
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
     if m.objective == "electra":  # PP is always 1; nearly everything is a TP-split matrix
         return math.ceil(electra_parameter_count(m, padded_vocab) / tp)
+    if m.family == "albert":  # PP 1 too, and one shared layer whatever num_layers says
+        from bio_megatron.models.albert import albert_parameter_count
+
+        return math.ceil(albert_parameter_count(m, padded_vocab) / tp)
     s = m.shape()
     h, f = s.hidden_size, s.ffn_hidden_size
     layer = (2 * h + (3 * h * h + 3 * h) // tp + h * h // tp + h + 2 * h + (h * f + f) // tp + f * h // tp + h)

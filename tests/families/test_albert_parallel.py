@@ -126,3 +126,41 @@ def test_continued_pretraining_from_an_imported_albert(pubmed_prefix, tmp_path):
     got = losses(tmp_path / "continued")
     assert res["status"] == "finished" and sorted(got) == [1, 2], got
     assert got[1] > 15.0 and all(v == v for v in got.values()), got
+
+
+def _count(binary_head: bool) -> tuple[int, int]:
+    """(parameters of the built tiny_albert model at TP1, albert_parameter_count)."""
+    from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.config.sizes import padded_vocab_size
+    from bio_megatron.models.albert import albert_parameter_count, build_albert_model
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+
+    init_distributed()
+    init_model_parallel(1, 1, seed=1)
+    m = load_pretrain_config(RECIPE, [f"model.bert_binary_head={str(binary_head).lower()}"]).model
+    model = build_albert_model(m, 30522)
+    padded = padded_vocab_size(30522, m.make_vocab_size_divisible_by, 1)
+    return sum(p.numel() for p in model.parameters()), albert_parameter_count(m, padded)
+
+
+def test_parameter_count_is_the_models_and_the_dry_run_reports_it(pubmed_prefix):
+    """The count that --dry-run and the memory check use is the built model's (the shared layer once), and
+    biom_albert_xxlarge's dry run reports ALBERT-xxlarge's ~223 M, not twelve 4096-wide layers' ~2.4 B."""
+    import contextlib
+    import io
+    import json
+
+    from bio_megatron.cli import main
+
+    for binary_head in (True, False):
+        (counted,) = run_world(1, _count, binary_head)
+        assert counted[0] == counted[1], (binary_head, counted)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["pretrain", "--config", str(RECIPE.with_name("biom_albert_xxlarge.yaml")), "--dry-run",
+                   "model.tokenizer.vocab_file=bert_base_uncased", f"model.data.data_prefix=[{pubmed_prefix}]"])
+    text = out.getvalue()
+    assert rc == 0, text
+    report = json.loads(text[text.index("{"):])
+    assert 2.2e8 < report["parameters"] < 2.3e8, report["parameters"]
+    assert report["memory"]["parameters_per_rank"] < report["parameters"] / 3  # TP 4 splits nearly all of it
