@@ -1,4 +1,5 @@
-"""``bio-megatron finetune {ner,re,qa,classify} --config RECIPE key=value ... [--seeds 10,42,1234] [--grid]``."""
+"""``bio-megatron finetune {ner,re,qa,classify} --config RECIPE key=value ... [--seeds 10,42,1234]
+[--grid | --grid key=v1,v2 ...]``."""
 
 from __future__ import annotations
 
@@ -46,8 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         t.add_argument("--config", required=True, help=f"recipe, e.g. nemo_configs/{task}/... (or its name){nemo}")
         t.add_argument("overrides", nargs="*", help="key=value, e.g. model.restore_from_path=runs/x/checkpoints")
         t.add_argument("--seeds", help="comma-separated seeds: one run each, then mean/median/spread")
-        t.add_argument("--grid", action="store_true",
-                       help="sweep grid.num_fc_layers x grid.fc_hidden_size, select on dev")
+        t.add_argument("--grid", action="append", nargs="?", const="", metavar="KEY=V1,V2",
+                       help="a grid over any config key, e.g. --grid model.optim.lr=1e-5,2e-5 --grid "
+                       "trainer.max_epochs=3,5 (repeatable: the cartesian product), selected on the mean dev metric "
+                       "over the seeds; bare --grid (after the overrides): the recipe's head grid "
+                       "grid.num_fc_layers x grid.fc_hidden_size")
+        t.add_argument("--folds", metavar="1-10",
+                       help="k-fold cross-validation over model.dataset.fold (GAD/EU-ADR, bio-lm's protocol): tune "
+                       "(--grid) on the first fold, run the choice on the others, report the median of their test "
+                       "scores (benchmark/kfold.py)")
         t.add_argument("--dry-run", action="store_true",
                        help="pre-flight: check every path the run reads (data files, vocabulary, restore source), "
                        "read the source and the train/dev data as the run would, print the resolved config, "
@@ -64,8 +72,24 @@ def run(args: argparse.Namespace) -> int:
 
     world = resolve_world()
     seeds = parse_seeds(args.seeds)
-    cfg = load_finetune_config(args.task, find_recipe(args.task, args.config), args.overrides,
-                               None if args.dry_run else world.world_size)
+    recipe = find_recipe(args.task, args.config)
+    size = None if args.dry_run else world.world_size
+    cfg = load_finetune_config(args.task, recipe, args.overrides, size)
+    head_grid, specs = "" in (args.grid or []), [g for g in args.grid or [] if g]
+    if head_grid and specs:
+        raise ConfigError("--grid: either bare (the recipe's head grid) or key=v1,v2 flags, not both (put "
+                          "model.fc_hidden_size / the head's layer count in key=v1,v2 flags instead)")
+    folds = None
+    if args.folds:
+        from bio_megatron.benchmark.kfold import check_fold_key, parse_folds
+
+        folds = parse_folds(args.folds)
+        check_fold_key(cfg)
+    points = None
+    if specs and not folds:  # with --folds the grid is built on the tuning fold
+        from bio_megatron.tasks.grid import grid_points
+
+        points = grid_points(args.task, recipe, args.overrides, specs, size)
     if args.dry_run:
         from bio_megatron.cli.dry_run import finetune_report
 
@@ -78,7 +102,12 @@ def run(args: argparse.Namespace) -> int:
     sweep_dir = Path(cfg.exp_manager.exp_dir) / cfg.exp_manager.name  # results.json/md and a folder per seed
     check_sweep_dir(sweep_dir)  # every rank alike, before any of them starts
     try:
-        summary = run_sweep(cfg, seeds, args.grid)
+        if folds:
+            from bio_megatron.benchmark.kfold import cross_validate
+
+            summary = cross_validate(args.task, recipe, args.overrides, folds, seeds, head_grid, specs, size)
+        else:
+            summary = run_sweep(cfg, seeds, head_grid, points)
     finally:
         if world.rank == 0:
             mark_sweep_dir(sweep_dir)

@@ -41,10 +41,32 @@ class FinetuneTrainerConfig(TrainerConfig):
 
 
 @dataclass
+class EarlyStoppingParams:
+    """NeMo's ``exp_manager.early_stopping_callback_params`` (Lightning's EarlyStopping; NeMo's defaults);
+    tasks/early_stopping.py."""
+
+    monitor: str = "val_loss"
+    """``val_loss`` or ``val_<metric>`` of the task (``val_f1``, ``val_score``, ...; ``dev_<metric>`` too)."""
+    mode: Literal["min", "max"] = "min"
+    min_delta: float = 0.001
+    patience: int = 10
+    """Dev evaluations in a row without improvement before the run ends (>= 1)."""
+    verbose: bool = True
+    """Accepted (NeMo's key): the stop is always logged."""
+    strict: bool = True
+    """Accepted (NeMo's key): a monitor the task does not log is always an error."""
+    check_finite: bool = True
+    """Accepted (NeMo's key): a NaN value never counts as an improvement."""
+
+
+@dataclass
 class FinetuneExpManagerConfig(ExpManagerConfig):
     resume_if_exists: bool = True
     """Continue a preempted run from ``<run>/resume/latest`` (written on SIGTERM/SIGUSR1; removed when the run
     finishes); a finished seed of a sweep is not run again."""
+    create_early_stopping_callback: bool = False
+    """NeMo's key: stop after ``early_stopping_callback_params.patience`` dev evaluations without improvement."""
+    early_stopping_callback_params: EarlyStoppingParams = field(default_factory=EarlyStoppingParams)
 
 
 @dataclass
@@ -284,6 +306,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
                         "supported for fine-tuning; start from weights with model.restore_from_path")
     if cfg.trainer.max_steps < 0 and cfg.trainer.max_epochs < 1:
         problems.append(f"trainer.max_epochs ({cfg.trainer.max_epochs}) must be >= 1 when trainer.max_steps is -1")
+    es = cfg.exp_manager.early_stopping_callback_params
+    if es.patience < 1:
+        problems.append(f"exp_manager.early_stopping_callback_params.patience ({es.patience}) must be >= 1")
+    if not es.min_delta >= 0.0 or math.isinf(es.min_delta):  # (NaN fails this too)
+        problems.append(f"exp_manager.early_stopping_callback_params.min_delta ({es.min_delta}) must be finite "
+                        "and >= 0")
     lwd = m.optim.layerwise_lr_decay
     if lwd is not None and not 0.0 < lwd <= 1.0:  # (NaN fails this too)
         problems.append(f"model.optim.layerwise_lr_decay ({lwd}) must be in (0, 1] or null")

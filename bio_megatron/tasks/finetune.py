@@ -28,6 +28,7 @@ from bio_megatron.models.bert import describe_precision, dtype_name, precision_d
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
+from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training import resume_checks
@@ -196,6 +197,7 @@ def prepare(cfg: FinetuneConfig, world_size: int | None) -> tuple[Source | None,
     if same_task:
         adopt_head_structure(m, src)
     task = TASKS[cfg.task](cfg, tokenizer, src.labels if same_task else None)
+    monitor_key(cfg, task.metric)  # a monitor the task does not log: exit 2 before anything is written
     require_examples(cfg, task)
     return src, tokenizer, task, same_task
 
@@ -256,6 +258,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
     batches.state = state
     eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
+    early, stopped_early = EarlyStopping(cfg, task.metric), {"at": None}
     history: list[dict] = []
     if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
         resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume",
@@ -267,6 +270,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         saved = json.loads((resume_root / "state.json").read_text())
         best.update(saved["best"], metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
         history.extend(saved["history"])
+        early.replay(saved["history"])
         log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
     meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
             "labels": task.labels, "compute_dtype": dtype_name(dtype)}
@@ -280,7 +284,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         scores = task.score(dev, predict_split(eval_state, batches, dev, len(dev.features), dev_loss))
         batches.state = state
         value = float(scores[task.metric])
-        history.append({"step": step, "dev_" + task.metric: value})
+        history.append({"step": step, "dev_" + task.metric: value, "val_loss": dev_loss[0]})
         out.write({"step": step, "epoch": (step - 1) // per_epoch, "val_loss": dev_loss[0],
                    "dev_" + task.metric: value},
                   tensorboard={"val_loss": dev_loss[0], "val_" + task.metric: value})
@@ -296,6 +300,11 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
                     shutil.rmtree(old, ignore_errors=True)
             dist.barrier()
             best.update(metric=value, step=step, dev=scores, path=path)
+        if early.update(history[-1]) and step < state.max_steps:  # the loop ends at the new max_steps
+            log.info("step %d: early stopping: %s did not improve by more than %g for %d dev evaluations; the "
+                     "checkpoint of step %s (best dev %s) is kept", step, early.key, early.min_delta, early.patience,
+                     best["step"], task.metric)
+            stopped_early["at"], state.max_steps = step, step
 
     clock = {"start": 0.0, "start_step": state.step, "last": 0.0, "last_step": state.step}  # set when training starts
 
@@ -368,6 +377,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
                              f"{state.nonfinite_streak} steps in a row (trainer.max_nonfinite_steps="
                              f"{t.max_nonfinite_steps}); lower model.optim.lr; no results.json written for {run_dir}")
     result = {"task": cfg.task, "status": status, "best_step": best["step"], "dev": best["dev"],
+              "stopped_early_at": stopped_early["at"],
               "checkpoint": str(best["path"]), "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
     if status == "interrupted":
         ckpt.shutdown_writer()

@@ -1,5 +1,6 @@
-"""Several seeds (mean / median / spread, the bio-lm and BioM protocol) and the small head grid
-(``num_fc_layers`` x ``fc_hidden_size``, selected on dev), with results as JSON and a Markdown table."""
+"""Several seeds (mean / median / spread, the bio-lm and BioM protocol) and a grid selected on dev: the recipe's
+head grid (``num_fc_layers`` x ``fc_hidden_size``) or any keys (``--grid key=v1,v2``, tasks/grid.py), with results as JSON and a Markdown
+table."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 
 from bio_megatron.config.finetune import FinetuneConfig
 from bio_megatron.tasks.finetune import run_finetuning
+from bio_megatron.tasks.grid import GridPoint
 from bio_megatron.utils.io import atomic_open, write_json_atomic
 from bio_megatron.utils.log import get_logger
 
@@ -42,20 +44,37 @@ def _set_layers(cfg: FinetuneConfig, n: int) -> None:
         cfg.model.head.num_fc_layers = n
 
 
-def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = False) -> dict:
-    """Run every (grid point x seed); pick the grid point with the best mean dev metric; summarise its seeds."""
-    seeds = seeds or [cfg.trainer.seed]
-    points = [(n, w) for n in cfg.grid.num_fc_layers for w in cfg.grid.fc_hidden_size] if grid else [(None, None)]
-    runs = []
-    for n, w in points:
-        for seed in seeds:
+def _head_points(cfg: FinetuneConfig, grid: bool) -> list[tuple[dict, FinetuneConfig]]:
+    """The recipe's head grid (bare ``--grid``: ``grid.num_fc_layers`` x ``grid.fc_hidden_size``), or no grid."""
+    if not grid:
+        return [({"num_fc_layers": None, "fc_hidden_size": None}, cfg)]
+    points = []
+    for n in cfg.grid.num_fc_layers:
+        for w in cfg.grid.fc_hidden_size:
             variant = copy.deepcopy(cfg)
+            _set_layers(variant, n)
+            variant.model.fc_hidden_size = w
+            points.append(({"num_fc_layers": n, "fc_hidden_size": w}, variant))
+    return points
+
+
+def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = False,
+              points: list[GridPoint] | None = None) -> dict:
+    """Run every (grid point x seed); pick the grid point with the best mean dev metric; summarise its seeds.
+    ``grid``: the recipe's head grid; ``points``: a grid over any keys (``--grid key=v1,v2``, tasks/grid.py)."""
+    seeds = seeds or [cfg.trainer.seed]
+    if points:
+        todo = [(p.values, p.cfg, p.tag + "/") for p in points]
+    else:
+        todo = [(v, c, f"layers{v['num_fc_layers']}_width{v['fc_hidden_size']}/" if grid else "")
+                for v, c in _head_points(cfg, grid)]
+    runs = []
+    for values, point_cfg, prefix in todo:
+        for seed in seeds:
+            variant = copy.deepcopy(point_cfg)
             variant.trainer.seed = seed
-            tag = (f"layers{n}_width{w}/" if n is not None else "") + f"seed{seed}"
+            tag = f"{prefix}seed{seed}"
             variant.exp_manager.name = f"{cfg.exp_manager.name}/{tag}"
-            if n is not None:
-                _set_layers(variant, n)
-                variant.model.fc_hidden_size = w
             done = variant.run_dir / "results.json"
             if variant.exp_manager.resume_if_exists and done.is_file() and \
                     json.loads(done.read_text()).get("status") == "finished":
@@ -66,20 +85,22 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
                 res = run_finetuning(variant)
             if res.get("status") == "interrupted":
                 return {"benchmark": cfg.name, "task": cfg.task, "status": "interrupted", "interrupted_run": tag}
-            runs.append({"num_fc_layers": n, "fc_hidden_size": w, "seed": seed, "dev": res["dev"],
-                         "test": res.get("test"), "checkpoint": res["checkpoint"]})
+            runs.append({**values, "seed": seed, "dev": res["dev"], "test": res.get("test"),
+                         "checkpoint": res["checkpoint"], **_stopped(res)})
+    keys = list(todo[0][0])
     # what run_finetuning selects on (classify: the dataset's BLURB metric, as "score")
     metric = "mrr" if cfg.task == "qa" and cfg.model.dataset.bioasq_golden else "score" if cfg.task == "classify" \
         else "f1"
     by_point = {}
     for r in runs:
-        by_point.setdefault((r["num_fc_layers"], r["fc_hidden_size"]), []).append(r)
-    grid_rows = [{"num_fc_layers": p[0], "fc_hidden_size": p[1],
-                  "dev_" + metric: statistics.fmean(r["dev"][metric] for r in rs)} for p, rs in by_point.items()]
-    best = max(grid_rows, key=lambda row: row["dev_" + metric])
-    chosen = by_point[(best["num_fc_layers"], best["fc_hidden_size"])]
-    summary = {"benchmark": cfg.name, "task": cfg.task, "status": "finished", "metric": metric, "seeds": seeds, "selected": best,
-               "grid": grid_rows if grid else None, "runs": runs,
+        by_point.setdefault(tuple(r[k] for k in keys), []).append(r)
+    grid_rows = [{**dict(zip(keys, p)), "dev_" + metric: statistics.fmean(r["dev"][metric] for r in rs)}
+                 for p, rs in by_point.items()]
+    best = max(grid_rows, key=lambda row: row["dev_" + metric])  # the first of equals: the grid's order
+    chosen = by_point[tuple(best[k] for k in keys)]
+    summary = {"benchmark": cfg.name, "task": cfg.task, "status": "finished", "metric": metric, "seeds": seeds,
+               "selected": best, "grid": grid_rows if grid or points else None, "grid_keys": keys if points else None,
+               "runs": runs,
                "dev": {k: spread([r["dev"][k] for r in chosen]) for k in _metrics(cfg) if k in chosen[0]["dev"]}}
     if all(r["test"] for r in chosen):
         summary["test"] = {k: spread([r["test"][k] for r in chosen]) for k in _metrics(cfg) if k in chosen[0]["test"]}
@@ -89,6 +110,11 @@ def run_sweep(cfg: FinetuneConfig, seeds: list[int] | None = None, grid: bool = 
         with atomic_open(out / "results.md", "w", encoding="utf-8") as fh:
             fh.write(markdown(summary))
     return summary
+
+
+def _stopped(res: dict) -> dict:
+    """Early stopping's record of a run (tasks/finetune.py), when it stopped early."""
+    return {"stopped_early_at": res["stopped_early_at"]} if res.get("stopped_early_at") else {}
 
 
 def markdown(summary: dict) -> str:
@@ -104,9 +130,11 @@ def markdown(summary: dict) -> str:
         lines += [f"| {summary['benchmark']} | {split} | " + " | ".join(cells) + " |", ""]
     if summary.get("grid"):
         m = "dev_" + summary["metric"]
-        lines += ["| num_fc_layers | fc_hidden_size | " + m + " (mean over seeds) | selected |", "|---|---|---|---|"]
+        keys = summary.get("grid_keys") or ["num_fc_layers", "fc_hidden_size"]
+        lines += ["| " + " | ".join(keys) + f" | {m} (mean over seeds) | selected |",
+                  "|" + "---|" * (len(keys) + 2)]
         for row in summary["grid"]:
             sel = "✓" if row == summary["selected"] else ""
-            lines.append(f"| {row['num_fc_layers']} | {row['fc_hidden_size']} | {row[m]:.4g} | {sel} |")
+            lines.append("| " + " | ".join(str(row[k]) for k in keys) + f" | {row[m]:.4g} | {sel} |")
         lines.append("")
     return "\n".join(lines) + "\n"

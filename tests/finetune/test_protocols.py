@@ -4,10 +4,17 @@ selection on dev; early stopping with patience; k-fold cross-validation (tuned o
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
 from ft_runs import RECIPES, ROOT
 from harness import run_world
 
@@ -76,3 +83,135 @@ def test_layerwise_lr_decay_gives_each_parameter_its_depths_rate(tp, pp):
     # every depth occurred: embeddings, the four global layers, the head
     assert seen_layers == set(range(LAYERS))
     assert len(seen) == LAYERS + 2
+
+
+# --- one tiny end-to-end CLI run: a grid over the learning rate, each point with early stopping --------------------
+
+GRID_LRS = ("1e-09", "0.003")  # the first cannot move the dev loss by min_delta: it must stop at patience
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory) -> tuple[Path, dict]:
+    """(the sweep folder, its printed summary) of ``finetune ner --grid model.optim.lr=... --seeds 1`` with early
+    stopping on val_loss, patience 1, dev every 2 steps, at most 8 steps."""
+    exp = tmp_path_factory.mktemp("protocols")
+    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "ner", "--config", "tiny_ner",
+                           "trainer.max_steps=8", "trainer.val_check_interval=2", "model.dataset.max_train_examples=32",
+                           "model.dataset.max_eval_examples=16", f"exp_manager.exp_dir={exp}",
+                           "exp_manager.create_early_stopping_callback=true",
+                           "exp_manager.early_stopping_callback_params.patience=1",
+                           "--grid", f"model.optim.lr={','.join(GRID_LRS)}", "--seeds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return exp / "tiny_ner", json.loads(proc.stdout)
+
+
+def _expected_stop(val_losses: list[tuple[int, float]], patience: int = 1, min_delta: float = 0.001) -> int | None:
+    """Lightning's EarlyStopping (mode min), written from its documentation: the step it stops at, or None."""
+    best, wait = math.inf, 0
+    for step, loss in val_losses:
+        if loss < best - min_delta:
+            best, wait = loss, 0
+        else:
+            wait += 1
+            if wait >= patience:
+                return step
+    return None
+
+
+def test_grid_selects_on_dev_and_early_stopping_stops_at_patience(grid_run):
+    sweep, summary = grid_run
+    assert summary["grid_keys"] == ["model.optim.lr"]
+    rows = {row["model.optim.lr"]: row["dev_f1"] for row in summary["grid"]}
+    assert set(rows) == set(GRID_LRS)
+    assert summary["selected"]["dev_f1"] == max(rows.values())
+    assert summary["selected"] == next(r for r in summary["grid"] if r["dev_f1"] == max(rows.values()))
+    stops = {}
+    for lr in GRID_LRS:
+        run_dir = sweep / f"model.optim.lr={lr}" / "seed1"
+        res = json.loads((run_dir / "results.json").read_text())
+        dev = [(h["step"], h["val_loss"]) for h in res["history"] if "val_loss" in h]
+        last = max(h["step"] for h in res["history"] if "loss" in h)
+        want = _expected_stop(dev)
+        assert res["stopped_early_at"] == want and last == (want or 8), (lr, dev)
+        # the checkpoint kept is the best by dev F1 among the evaluations that ran
+        f1 = {h["step"]: h["dev_f1"] for h in res["history"] if "dev_f1" in h}
+        assert f1[res["best_step"]] == max(f1.values()) and Path(res["checkpoint"]).is_dir()
+        stops[lr] = want
+    assert stops["1e-09"] == 4  # evaluations at 2 (the first best) and 4 (no change): patience 1 reached
+    md = (sweep / "results.md").read_text()
+    assert "| model.optim.lr | dev_f1 (mean over seeds) | selected |" in md and md.count("✓") == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--grid", "model.optim.nope=1,2"], "--grid model.optim.nope=1,2: unknown key 'model.optim.nope'"),
+    (["--grid", "model.optim.lr=abc"], "--grid model.optim.lr=abc:"),
+    (["--grid", "model.optim.lr"], "--grid 'model.optim.lr': expected key=v1,v2"),
+    (["exp_manager.early_stopping_callback_params.patience=0"],
+     "exp_manager.early_stopping_callback_params.patience (0) must be >= 1"),
+], ids=["unknown-key", "bad-value", "no-values", "patience-0"])
+def test_bad_grid_or_patience_is_one_line_and_writes_nothing(tmp_path, argv, message):
+    from reliability.cli_log import run_cli
+
+    os.chdir(ROOT)
+    rc, msg = run_cli(["finetune", "ner", "--config", "tiny_ner", f"exp_manager.exp_dir={tmp_path}", *argv])
+    assert rc == 2 and message in msg, msg
+    # ConfigError's form: the header, then one problem on one line
+    assert msg.startswith("invalid configuration") and msg.count("\n") == 1, msg
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- k-fold cross-validation: tuned on fold 1, the median over the other folds --------------------------------------
+
+def _write_folds(root: Path) -> Path:
+    """Three BioBERT-style GAD folds from the GAD fixture, each holding different test rows (different scores)."""
+    rows = (ROOT / "tests" / "fixtures" / "blurb" / "GAD" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    for fold, test in ((1, rows), (2, rows[:4]), (3, rows[2:])):
+        d = root / str(fold)
+        d.mkdir(parents=True)
+        (d / "train.tsv").write_text("".join(r.split("\t", 1)[1] + "\n" for r in rows), encoding="utf-8")
+        (d / "test.tsv").write_text("index\tsentence\tlabel\n" + "".join(r + "\n" for r in test), encoding="utf-8")
+    return root
+
+
+def test_cross_validation_tunes_on_fold_1_and_reports_the_median_of_the_others(tmp_path):
+    data, exp = _write_folds(tmp_path / "gad"), tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "classify", "--config", "tiny_classify",
+                           f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
+                           "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv",
+                           "trainer.max_steps=2", "trainer.val_check_interval=2", f"exp_manager.exp_dir={exp}",
+                           "--folds", "1-3", "--grid", "model.optim.lr=0.001,1e-09", "--seeds", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    out = exp / "tiny_classify"
+    assert summary == json.loads((out / "results.json").read_text())
+    tuned = json.loads((out / "fold1" / "results.json").read_text())
+    assert [r["model.optim.lr"] for r in tuned["grid"]] == ["0.001", "1e-09"]  # the grid ran on fold 1 only
+    lr = tuned["selected"]["model.optim.lr"]
+    assert summary["tuned_on"] == 1 and summary["chosen_overrides"] == [f"model.optim.lr={lr}"]
+    test = {}
+    for fold in (2, 3):
+        (run,) = (out / f"fold{fold}").glob("seed1")  # the chosen setting only, no grid folders
+        res = json.loads((run / "results.json").read_text())
+        test[fold] = res["test"]["score"]
+        assert yaml.safe_load((run / "hparams.yaml").read_text())["cfg"]["optim"]["lr"] == float(lr)
+    assert [r["fold"] for r in summary["folds"]] == [1, 2, 3]
+    assert {r["fold"]: r["test"] for r in summary["folds"] if not r["tuning"]} == test
+    assert summary["test"]["median"] == statistics.median(test.values()) and summary["test"]["n"] == 2
+    md = (out / "results.md").read_text()
+    assert "tuned on fold 1" in md and f"median {summary['test']['median']:.4g}" in md
+
+
+def test_folds_without_a_fold_key_or_a_bad_range_are_one_line(tmp_path):
+    from reliability.cli_log import run_cli
+
+    os.chdir(ROOT)
+    rc, msg = run_cli(["finetune", "ner", "--config", "tiny_ner", f"exp_manager.exp_dir={tmp_path}", "--folds", "1-3"])
+    assert rc == 2 and "--folds: finetune ner has no model.dataset.fold" in msg, msg
+    rc, msg = run_cli(["finetune", "classify", "--config", "tiny_classify", f"exp_manager.exp_dir={tmp_path}",
+                       "--folds", "1"])
+    assert rc == 2 and "--folds '1': at least two distinct folds" in msg, msg
+    assert list(tmp_path.iterdir()) == []
