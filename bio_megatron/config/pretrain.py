@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
+from bio_megatron.config.packing import packing_problems
 from bio_megatron.config.scale import recompute_problems, sequence_parallel_problems
 from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
 from bio_megatron.utils.errors import ConfigError
@@ -102,6 +103,10 @@ class DataConfig:
     """Where megatron-core caches its sample indices (default: beside the run)."""
     seed: int | None = None
     """Masking/shuffling seed (defaults to trainer.seed)."""
+    packing: Literal["documents"] | None = None
+    """null: the objective's own rows (bert: one sample per row; mlm: FULL-SENTENCES across documents, attending to
+    each other as fairseq's). documents (model.objective mlm): whole documents packed per row, each attending only
+    to itself, position ids restarting per document (``bio_megatron/data/packing.py``; docs/SCALE.md)."""
     skip_vocab_check: bool = False
     """true: use data whose record (``<prefix>.bio_megatron.json``, written by ``data tokenize``) names another
     vocabulary or casing than model.tokenizer (only when the ids are known to agree)."""
@@ -305,6 +310,7 @@ def validate(cfg: PretrainConfig, world_size: int | None = None) -> None:
         ("exp_manager.checkpoint_callback_params.every_n_train_steps", every, 0)) if v < lo]
     problems += encoder_problems(cfg.model, cfg.trainer, world_size, pretraining=True)
     problems += objective_problems(cfg.model)
+    problems += packing_problems(cfg.model)
     problems += run_dir_problems(cfg.exp_manager)
     if cfg.model.require_restore_from_path and not cfg.model.restore_from_path:
         problems.append(f"model.restore_from_path is required by this recipe: {cfg.model.require_restore_from_path}")

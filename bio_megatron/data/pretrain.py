@@ -90,7 +90,7 @@ class PretrainData:
                 data_blend(m.data)[0][0], m.data.splits_string,
                 [t.max_steps * m.global_batch_size, t.limit_val_batches * m.global_batch_size],
                 m.encoder_seq_length, tokenizer, m.data.masked_lm_prob,
-                m.data.seed if m.data.seed is not None else t.seed)
+                m.data.seed if m.data.seed is not None else t.seed, m.data.packing)
             return
         ds_cfg = BERTMaskedWordPieceDatasetConfig(
             random_seed=m.data.seed if m.data.seed is not None else t.seed,
@@ -136,5 +136,6 @@ class PretrainData:
 
 
 def collate(samples: list[dict]) -> dict[str, torch.Tensor]:
+    """Stack samples; ``padding_mask`` is 1 per token, or 1, 2, ... per packed document (``data/packing.py``)."""
     keys = ("text", "types", "labels", "is_random", "padding_mask", "loss_mask")
     return {k: torch.from_numpy(np.stack([np.asarray(s[k]) for s in samples]).astype(np.int64)) for k in keys}

@@ -13,6 +13,9 @@ As RoBERTa (Liu et al. 2019, section 4.2) and bio-lm train it, over megatron-cor
 - **Masking**: 15 % of the real (non-special) tokens, count rounded stochastically as fairseq's
   ``MaskTokensDataset``; of those 80 % ``<mask>``, 10 % a random non-special token, 10 % unchanged.
 - **Padding**: ``<pad>`` may have any id (1 in RoBERTa): the padding and loss masks come from the sample.
+- **Packing documents** (``model.data.packing: documents``, :mod:`bio_megatron.data.packing`): instead, each row
+  holds whole documents (or full-sentence chunks of a long one), each ``<s> ... </s>``, attending only to itself;
+  ``padding_mask`` numbers them 1, 2, ... Masking is drawn the same way over the row.
 
 Samples carry the keys of megatron-core's BERT dataset (``text``, ``types`` all 0, ``labels`` -1 where not
 predicted, ``loss_mask``, ``padding_mask``, ``is_random`` 0), so the pretraining ``forward_step`` is shared.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bio_megatron.data.packing import document_segments, pack_segments, segment_ids
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.log import get_logger
 
@@ -73,8 +77,9 @@ class RobertaDataset:
     """``num_samples`` packed, dynamically masked samples over documents ``[doc_begin, doc_end)`` of ``indexed``."""
 
     def __init__(self, indexed, doc_range: tuple[int, int], num_samples: int, seq_length: int, tokenizer,
-                 masking_probability: float, seed: int, name: str):
+                 masking_probability: float, seed: int, name: str, packing: str | None = None):
         self.indexed, self.seq_length, self.seed, self.name = indexed, seq_length, seed, name
+        self.packing = packing
         self.stream = 0 if name == "train" else 1  # train and valid draw from different random streams
         self.masking_probability = masking_probability
         self.cls, self.sep, self.pad, self.mask = tokenizer.cls, tokenizer.sep, tokenizer.pad, tokenizer.mask
@@ -86,9 +91,16 @@ class RobertaDataset:
         lengths = np.asarray(indexed.sequence_lengths[s_beg:s_end], dtype=np.int64)
         doc_starts = np.zeros(s_end - s_beg, dtype=bool)
         doc_starts[doc_idx[doc_range[0]:doc_range[1]] - s_beg] = True
-        self.blocks = pack_full_sentences(lengths, doc_starts, seq_length - 2) + s_beg
         self.doc_starts = doc_starts
         self.first_sentence = s_beg
+        if packing == "documents":
+            # Rows of segments (each one document's full sentences, <s> ... </s>); blocks index self.segments.
+            self.segments = document_segments(lengths, doc_starts, seq_length - 2) + s_beg
+            seg_tokens = np.array([min(int(lengths[a - s_beg:b - s_beg].sum()), seq_length - 2) + 2
+                                   for a, b in self.segments], dtype=np.int64)
+            self.blocks = pack_segments(seg_tokens, seq_length)
+        else:
+            self.blocks = pack_full_sentences(lengths, doc_starts, seq_length - 2) + s_beg
         if len(self.blocks) == 0:
             raise DataError(f"the {name} split (documents {doc_range[0]}..{doc_range[1] - 1}) holds no tokens")
         self.num_samples = max(int(num_samples), len(self.blocks))
@@ -110,7 +122,18 @@ class RobertaDataset:
 
     def tokens(self, block: int) -> np.ndarray:
         """The unmasked ``<s> ... </s>`` sequence of ``block`` (no padding)."""
-        first, end = (int(x) for x in self.blocks[block])
+        return np.concatenate(self.parts(block))
+
+    def parts(self, block: int) -> list[np.ndarray]:
+        """The unmasked sequences ``<s> ... </s>`` a row holds: one (FULL-SENTENCES), or one per packed segment."""
+        if self.packing == "documents":
+            first, end = (int(x) for x in self.blocks[block])
+            return [self._render(*(int(x) for x in self.segments[i])) for i in range(first, end)]
+        return [self._render(*(int(x) for x in self.blocks[block]))]
+
+    def _render(self, first: int, end: int) -> np.ndarray:
+        """``<s>`` sentences ``[first, end)`` ``</s>``, with ``</s>`` between documents (only FULL-SENTENCES has
+        several documents in one part)."""
         parts = [np.array([self.cls], dtype=np.int64)]
         budget = self.seq_length - 2
         for s in range(first, end):
@@ -125,7 +148,8 @@ class RobertaDataset:
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray | int]:
         block, epoch = self._block_of(int(idx))
-        tokens = self.tokens(block)
+        parts = self.parts(block)
+        tokens = np.concatenate(parts)
         rng = np.random.default_rng([self.seed, self.stream, block, epoch])  # 4 words: never an order's seed
         candidates = np.flatnonzero(~np.isin(tokens, self.special))
         n_mask = min(len(candidates), int(self.masking_probability * len(candidates) + rng.random()))
@@ -141,15 +165,15 @@ class RobertaDataset:
         labels[chosen] = tokens[chosen]
         loss_mask = np.zeros(self.seq_length, dtype=np.int64)
         loss_mask[chosen] = 1
-        padding_mask = np.zeros(self.seq_length, dtype=np.int64)
-        padding_mask[:n] = 1
+        padding_mask = segment_ids([len(p) for p in parts], self.seq_length)  # 1 per token (1, 2, ... packed)
         return {"text": np.pad(text, (0, pad), constant_values=self.pad),
                 "types": np.zeros(self.seq_length, dtype=np.int64), "labels": labels, "loss_mask": loss_mask,
                 "padding_mask": padding_mask, "is_random": 0}
 
 
 def build_roberta_splits(prefix: str, splits_string: str, sizes: list[int], seq_length: int, tokenizer,
-                         masking_probability: float, seed: int) -> tuple[RobertaDataset, RobertaDataset | None]:
+                         masking_probability: float, seed: int,
+                         packing: str | None = None) -> tuple[RobertaDataset, RobertaDataset | None]:
     """Train and validation datasets of one indexed prefix, split by document as megatron-core splits."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -158,7 +182,7 @@ def build_roberta_splits(prefix: str, splits_string: str, sizes: list[int], seq_
     ranges = document_split(n_docs, splits_string)
     if ranges[0] is None:
         raise DataError(f"split {splits_string!r} leaves no training documents ({n_docs} in all)", prefix)
-    out = [RobertaDataset(indexed, r, n, seq_length, tokenizer, masking_probability, seed, name)
+    out = [RobertaDataset(indexed, r, n, seq_length, tokenizer, masking_probability, seed, name, packing)
            if r is not None and n > 0 else None
            for r, n, name in zip(ranges[:2], sizes[:2], ("train", "valid"))]
     return out[0], out[1]

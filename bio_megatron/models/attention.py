@@ -2,7 +2,8 @@
 
 Without Transformer Engine, megatron-core's local spec computes attention unfused (explicit [b, n, s, s]
 scores, softmax, dropout, bmm). On GPU this module lets PyTorch pick its flash / memory-efficient
-kernels instead. The mask it receives is megatron's key-padding mask ``[b, 1, 1, s]`` with True = masked.
+kernels instead. The mask it receives is megatron's key-padding mask ``[b, 1, 1, s]`` with True = masked, or, for
+rows packed from several documents, the block-diagonal ``[b, 1, s, s]`` of :func:`packed_attention_mask`.
 Numerically checked against the unfused path in ``tests/test_attention.py``.
 """
 
@@ -17,6 +18,30 @@ from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
+
+
+def is_packed(attention_mask: torch.Tensor) -> bool:
+    """Whether a ``padding_mask`` numbers packed documents (1, 2, ...; ``data/packing.py``) rather than holding
+    1 / 0 per token / padding. A row of one document is the same either way."""
+    return attention_mask.dtype != torch.bool and bool((attention_mask > 1).any())
+
+
+def packed_attention_mask(segments: torch.Tensor) -> torch.Tensor:
+    """``[b, 1, s, s]``, True = masked: a token attends only to tokens of its own document (``segments`` [b, s]:
+    1, 2, ... per document, 0 = padding). Padding forms a block of its own, so no query row is entirely masked
+    (SDPA returns NaN for such a row); no real token ever attends to it, nor it to them."""
+    return (segments[:, None, :, None] != segments[:, None, None, :])
+
+
+def packed_position_ids(segments: torch.Tensor) -> torch.Tensor:
+    """``[b, s]`` position ids restarting at 0 at every document of ``segments`` (padding counts on from its
+    start: no real token reads those rows)."""
+    s = segments.shape[1]
+    idx = torch.arange(s, device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]
+    first = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
+    return idx - first
 
 
 class SDPACoreAttention(MegatronModule):

@@ -21,7 +21,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.models.attention import SDPACoreAttention
+from bio_megatron.models.attention import (SDPACoreAttention, is_packed, packed_attention_mask,
+                                          packed_position_ids)
 from bio_megatron.models.post_ln import (add_embedding_layernorm, drop_final_layernorm, is_post_ln,
                                          post_ln_layer_spec)
 from bio_megatron.models.sequence_parallel import fallback_norms, sequence_parallel_spec
@@ -196,10 +197,20 @@ class BioBertModel(BertModel):
             self.output_layer.register_forward_hook(self._mask_padded_vocab)
 
     def bert_extended_attention_mask(self, attention_mask: torch.Tensor) -> torch.Tensor | None:
+        # megatron's forward calls this before bert_position_ids(input_ids), which sees the token ids only: a
+        # packed batch's restarting positions are kept here for it (and cleared for every other batch).
+        self._packed_positions = None
+        if is_packed(attention_mask):  # documents packed per row (data/packing.py): block-diagonal, both backends
+            self._packed_positions = packed_position_ids(attention_mask)
+            return packed_attention_mask(attention_mask)
         core = self.transformer_layer_spec.submodules.self_attention.submodules.core_attention
         if core is SDPACoreAttention and bool(attention_mask.all()):
             return None  # nothing to mask: SDPA's flash kernel needs no mask at all
         return super().bert_extended_attention_mask(attention_mask)
+
+    def bert_position_ids(self, token_ids: torch.Tensor) -> torch.Tensor:
+        packed = getattr(self, "_packed_positions", None)
+        return packed if packed is not None else super().bert_position_ids(token_ids)
 
     def _mask_padded_vocab(self, module, inputs, output):
         logits, bias = output

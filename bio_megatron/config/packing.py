@@ -1,0 +1,29 @@
+"""Checks of ``model.data.packing`` (whole documents per row, no attention across them; ``data/packing.py``).
+
+What cannot pack is refused before anything is built, in one line each, naming the key and why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def packing_problems(m: Any) -> list[str]:
+    """``model.data.packing`` against the objective, family and attention implementation (``m``: a ``ModelConfig``)."""
+    mode = m.data.packing
+    if mode is None:
+        return []
+    key = f"model.data.packing ({mode})"
+    problems = []
+    if m.objective != "mlm":
+        # megatron-core's BERT samples are sentence pairs sized for NSP/SOP (short_seq_prob shortens some on
+        # purpose); the pooler reads position 0 only, so a packed row's second pair would have no binary target.
+        problems.append(f"{key} packs RoBERTa's rows: it needs model.objective mlm (got {m.objective}); "
+                        "megatron-core's BERT samples are sentence pairs for the NSP/SOP head")
+    if m.family == "albert":
+        problems.append(f"{key} is not implemented for model.family albert (its shared layer builds its own "
+                        "padding mask): set model.data.packing null")
+    if m.transformer_impl == "transformer_engine":
+        problems.append(f"{key} needs model.transformer_impl local or auto: Transformer Engine's BERT spec takes "
+                        "[b, 1, 1, s] padding masks, not a per-document block mask")
+    return problems
