@@ -145,7 +145,8 @@ def _ours_side(spec: dict) -> tuple[Any, list]:
     return step, plan
 
 
-def _hf_side(spec: dict, plan: list) -> Any:
+def _hf_side(spec: dict, get_plan) -> Any:
+    """The baseline model and optimizer, then our batches (``get_plan``: they come once ours is built)."""
     import torch
     import transformers
 
@@ -155,6 +156,7 @@ def _hf_side(spec: dict, plan: list) -> Any:
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0, fused=True)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["precision"] == "bf16")
     label_key = "labels" if spec["task"] == "ner" else "label"
+    plan = get_plan()
     hf_plan = [[{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
                  "token_type_ids": b["tokentype_ids"], "labels": b[label_key]} for b in micro] for micro in plan]
 
@@ -183,7 +185,7 @@ def _worker(conn, side: str, spec: dict, threads: int) -> None:
             step, plan = _ours_side(spec)
             conn.send(("ready", plan))
         else:
-            step = _hf_side(spec, conn.recv())
+            step = _hf_side(spec, conn.recv)
             conn.send(("ready", None))
         while (msg := conn.recv()) != "stop":
             conn.send(("ok", step(msg)))
@@ -198,16 +200,21 @@ def _worker(conn, side: str, spec: dict, threads: int) -> None:
 
 
 class _Side:
-    def __init__(self, side: str, spec: dict, threads: int, plan: list | None = None) -> None:
+    """One side's process; both start together (their imports overlap), ``ready`` waits for the model."""
+
+    def __init__(self, side: str, spec: dict, threads: int) -> None:
         ctx = mp.get_context("spawn")
         self.name = side
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_worker, args=(child, side, spec, threads), daemon=True, name=f"bench-{side}")
         self.proc.start()
         child.close()
+
+    def ready(self, plan: list | None = None) -> Any:
+        """Hand the baseline our batches; returns ours' batches (None for the baseline)."""
         if plan is not None:
             self.conn.send(plan)
-        self.plan = self._receive()
+        return self._receive()
 
     def _receive(self) -> Any:
         try:
@@ -243,7 +250,9 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
     hf = None
     try:
         hf = _Side("hf", {"task": task, "folder": str(folder), "lr": args.lr, "precision": args.precision},
-                   args.threads, ours.plan)
+                   args.threads)
+        plan = ours.ready()
+        hf.ready(plan)
         sides = {"ours": ours, "transformers": hf}
         for i in range(args.warmup):
             for s in sides.values():
@@ -259,10 +268,10 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
         ours.close()
         if hf is not None:
             hf.close()
-    seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in ours.plan[args.warmup:]]
+    seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in plan[args.warmup:]]
     res: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch,
                            "mean_padded_length": sum(
-                               micro[0]["input_ids"].shape[1] for micro in ours.plan[args.warmup:]) / args.steps,
+                               micro[0]["input_ids"].shape[1] for micro in plan[args.warmup:]) / args.steps,
                            "mean_longest_example": sum(seqs) / len(seqs)}
     for name, ts in times.items():
         mean = sum(ts) / len(ts)
