@@ -131,13 +131,40 @@ def test_saved_student_is_an_ordinary_checkpoint_of_its_family(runs, tmp_path) -
     assert meta["family"] == "megatron_bert" and meta["distilled_from"] == str(runs["teacher"])
 
 
-def test_a_hugging_face_teacher_teaches_as_its_checkpoint(runs, tmp_path) -> None:
-    """The teacher exported to an HF folder (MegatronBertForMaskedLM) and read back by loading/: the same losses,
-    term by term, as with the checkpoint it came from."""
-    hf = tmp_path / "teacher_hf"
+@pytest.fixture(scope="module")
+def hf_teacher(runs, tmp_path_factory) -> Path:
+    """The teacher exported to a Hugging Face folder (MegatronBertForMaskedLM)."""
+    hf = tmp_path_factory.mktemp("hf") / "teacher_hf"
     (rc, msg), = run_world(1, _cli, ["export", "hf", "--checkpoint", str(runs["teacher"]), "--out", str(hf)])
     assert rc == 0, msg
+    return hf
+
+
+def test_a_hugging_face_teacher_teaches_as_its_checkpoint(runs, hf_teacher) -> None:
+    """The HF folder read back by loading/: the same losses, term by term, as with the checkpoint it came from."""
+    hf = hf_teacher
     over = distill_overrides(runs["prefix"], runs["root"], "hf_teacher", hf, steps=2)
     assert run_world(1, distill_rank, over) == ["finished"]
     ours, theirs = _records(runs["tp1"]), _records(runs["root"] / "hf_teacher")
     assert [(s, k) for s in (1, 2) for k in TERMS if abs(ours[s][k] - theirs[s][k]) > 1e-5] == []
+
+
+def test_a_teacher_with_nan_weights_stops_the_run_as_pretraining_diverges(runs, hf_teacher, tmp_path) -> None:
+    """The NaN guard is pretraining's: every step is skipped, the run stops with exit 3 and status.json "failed"."""
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "nan_teacher"
+    shutil.copytree(hf_teacher, bad)
+    weights = next(bad.glob("*.safetensors"))
+    state = load_file(str(weights))
+    name = next(k for k in state if "word_embeddings" in k)
+    state[name][5] = float("nan")
+    state[name][[0, 101, 102, 103]] = float("nan")  # [PAD], [CLS], [SEP], [MASK]: every sequence reads one
+    save_file(state, str(weights), metadata={"format": "pt"})
+    over = distill_overrides(runs["prefix"], tmp_path, "nan", bad, steps=4, extra=("trainer.max_nonfinite_steps=2",))
+    from distill_runs import TINY_DISTILL
+
+    (rc, msg), = run_world(1, _cli, ["distill", "--config", str(TINY_DISTILL), *over])
+    assert rc == 3, msg
+    assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"
+    assert [r.get("nonfinite") for r in _records(tmp_path / "nan").values()] == [True, True]
