@@ -138,9 +138,9 @@ def finetune_path_problems(cfg) -> list[str]:
     if m.restore_from_path:
         problems.append(restore_problem("model.restore_from_path", m.restore_from_path))
     problems.append(dir_problem("model.dataset.data_dir", d.data_dir, "the folder of the task's data files"))
-    # i2b2 releases: a split names a folder of the release or one of bio-lm's patient-level splits (a keyword):
+    # i2b2 / ShARe releases: a split names a folder of the release or one of bio-lm's patient-level splits (a keyword):
     # their readers say which; the data folder is checked above.
-    i2b2 = cfg.task == "ner" and str(getattr(d, "format", "")).startswith("i2b2")
+    i2b2 = cfg.task == "ner" and (str(getattr(d, "format", "")).startswith("i2b2") or d.format == "share_clefe")
     if problems[-1] is None and not i2b2:
         split_dirs = cfg.task == "re" and d.format == "chemprot_original"  # a split is a folder of TSVs there
         for split in ("train", "dev", "test"):

@@ -243,3 +243,11 @@ def test_i2b2_recipes_resolve_with_bio_lm_protocol(capsys, year):
                                                                              TEST[f"i2b2_{year}"])
     assert (cfg["model"]["optim"]["lr"], cfg["trainer"]["max_epochs"], cfg["model"]["global_batch_size"]) == \
         (1e-5, 20, 32)
+
+
+def test_share_clefe_recipe_dry_run_reads_the_release(capsys):
+    rc, msg = run_cli(["finetune", "ner", "--config", str(ROOT / "nemo_configs" / "ner" / "share_clefe.yaml"),
+                       "--dry-run", f"model.dataset.data_dir={SHARE}"], logging.ERROR, " | ")
+    assert rc == 0, msg  # the split keywords and the test release's folder pass the pre-flight path checks
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["model"]["dataset"]["format"], cfg["model"]["optim"]["lr"]) == ("share_clefe", 2e-4)

@@ -74,3 +74,13 @@ def test_finetune_re_on_i2b2_2010_scores_the_relation_types(tmp_path):
             "trainer.val_check_interval=2", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=rel"]
     (res,) = run_world(1, _finetune, over)
     assert set(res["test"]["per_class"]) == set(I2B2_RE_POSITIVES) and res["test"]["support"] == 3
+
+
+def test_recipe_dry_run_reads_blue_files(capsys):
+    import json
+
+    rc, msg = run_cli(["finetune", "re", "--config", str(ROOT / "nemo_configs" / "re" / "i2b2_2010_re.yaml"),
+                       "--dry-run", f"model.dataset.data_dir={DATA}"], logging.ERROR, " | ")
+    assert rc == 0, msg
+    cfg = json.loads(capsys.readouterr().out)["config"]
+    assert (cfg["model"]["dataset"]["format"], cfg["trainer"]["max_epochs"]) == ("i2b2_2010", 5)
