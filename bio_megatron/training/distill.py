@@ -132,6 +132,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     if resume is not None:
         resume = Path(ckpt.read_metadata(resume)["path"])
         resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
+        _warn_changed_distillation(resume, cfg)
     elif restore is not None:
         restore = Path(ckpt.read_metadata(restore)["path"])
         resume_checks.check_compatible(restore, cfg, tokenizer.vocab_file, "restore")
@@ -212,6 +213,20 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
         ckpt.shutdown_writer()
     log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
     return status
+
+
+def _warn_changed_distillation(resume: Path, cfg: DistillConfig) -> None:
+    """A resumed run may change its teacher or loss (a deliberate second phase), but never silently: say which."""
+    import yaml
+
+    saved = (yaml.safe_load((resume / "config.yaml").read_text(encoding="utf-8")) or {}).get("model", {})
+    now = to_dict(cfg.model)
+    for block in ("teacher", "distill"):
+        for key, value in now[block].items():
+            old = (saved.get(block) or {}).get(key, value)
+            if old != value:
+                log.warning("model.%s.%s is %r in this run, %r in the checkpoint %s resumes from: the loss changes "
+                            "from here on", block, key, value, old, resume)
 
 
 def _shape_of(config):

@@ -168,3 +168,22 @@ def test_a_teacher_with_nan_weights_stops_the_run_as_pretraining_diverges(runs, 
     assert rc == 3, msg
     assert json.loads((tmp_path / "nan" / "status.json").read_text())["state"] == "failed"
     assert [r.get("nonfinite") for r in _records(tmp_path / "nan").values()] == [True, True]
+
+
+def _cli_warnings(argv: list[str]) -> tuple[int, str]:
+    import logging
+
+    from reliability.cli_log import run_cli
+
+    return run_cli(argv, level=logging.WARNING)
+
+
+def test_a_resumed_run_with_another_loss_says_so(runs, tmp_path) -> None:
+    shutil.copytree(runs["tp1"], tmp_path / "again")
+    over = distill_overrides(runs["prefix"], tmp_path, "again", runs["teacher"], steps=4,
+                             extra=("model.distill.alpha_cos=0.5",))
+    from distill_runs import TINY_DISTILL
+
+    (rc, msg), = run_world(1, _cli_warnings, ["distill", "--config", str(TINY_DISTILL), *over])
+    assert rc == 0, msg
+    assert "model.distill.alpha_cos is 0.5 in this run, 1.0 in the checkpoint" in msg
