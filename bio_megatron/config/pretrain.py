@@ -207,6 +207,16 @@ class ModelConfig:
     hidden_act: Literal["gelu", "gelu_new"] | None = None
     """family albert: the MLP and MLM-head activation, HF's name (gelu_new: the tanh approximation ALBERT uses,
     the default; gelu: exact). Other families compute exact GELU: must stay null or gelu."""
+    global_rope_theta: float | None = None
+    """family modernbert: the rotary base of the global-attention layers (null: ModernBERT's 160,000; a
+    context-extension step sets a new one). Other families: must stay null."""
+    local_rope_theta: float | None = None
+    """family modernbert: the rotary base of the local (sliding-window) layers (null: ModernBERT's 10,000)."""
+    local_attention: int | None = None
+    """family modernbert: the local layers' window, in tokens (a token sees keys up to local_attention // 2
+    positions away; null: ModernBERT's 128)."""
+    global_attn_every_n_layers: int | None = None
+    """family modernbert: layers 0, N, 2N, ... (0-based) attend globally, the others locally (null: ModernBERT's 3)."""
     transformer_block_type: Literal["pre_ln", "post_ln"] = "pre_ln"
     """NeMo's key. pre_ln: Megatron BERT (LayerNorm before each sub-layer, final LayerNorm); post_ln: the
     original BERT order (BioBERT, PubMedBERT: LayerNorm after each residual add, embedding LayerNorm, no
@@ -424,6 +434,7 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if not s.num_layers % pp:  # recompute's layer counts are per pipeline stage
         problems += recompute_problems(m)
     problems += albert_problems(m)
+    problems += modernbert_problems(m)
     problems += sequence_parallel_problems(m, pretraining)
     if m.global_batch_size % m.micro_batch_size:
         problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
@@ -468,6 +479,32 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
         if isinstance(t.devices, int) and t.devices * t.num_nodes != world_size:
             problems.append(f"trainer.devices * trainer.num_nodes ({t.devices} * {t.num_nodes}) does not match "
                             f"the launched world size ({world_size}); set trainer.devices=auto or fix the launch")
+    return problems
+
+
+def modernbert_problems(m: ModelConfig) -> list[str]:
+    """What ``model.family: modernbert`` (``bio_megatron/models/modernbert.py``) cannot do, and its keys elsewhere."""
+    keys = ("global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers")
+    if m.family != "modernbert":
+        return [f"model.{k} ({getattr(m, k)}) applies to model.family modernbert only (got family {m.family})"
+                for k in keys if getattr(m, k) is not None]
+    problems = [f"model.{k} ({getattr(m, k)}) must be > 0" for k in keys
+                if getattr(m, k) is not None and not getattr(m, k) > 0]
+    if m.pipeline_model_parallel_size != 1:
+        problems.append(f"model.family (modernbert) needs model.pipeline_model_parallel_size=1 (got "
+                        f"{m.pipeline_model_parallel_size}): its model is one stage (the layers' global/local "
+                        "pattern and the tied MLM decoder are not split into pipeline stages)")
+    if m.transformer_block_type != "pre_ln":
+        problems.append(f"model.family (modernbert) is pre-LN: set model.transformer_block_type=pre_ln (got "
+                        f"{m.transformer_block_type})")
+    if m.sequence_parallel:
+        problems.append("model.sequence_parallel (true) is not implemented for model.family modernbert: set it false")
+    if m.objective != "bert" or m.bert_binary_head:
+        problems.append(f"model.family (modernbert) pretrains with model.objective=bert and model.bert_binary_head="
+                        f"false (MLM only), got {m.objective} and {str(m.bert_binary_head).lower()}")
+    if m.transformer_impl == "transformer_engine":
+        problems.append("model.transformer_impl (transformer_engine) is not implemented for model.family modernbert "
+                        "(its rotary bases and local window live in megatron-core's local spec): use local or auto")
     return problems
 
 

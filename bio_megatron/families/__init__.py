@@ -16,6 +16,7 @@ from bio_megatron.families.base import Family
 from bio_megatron.families.bert import BERT
 from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import MEGATRON_BERT
+from bio_megatron.families.modernbert import MODERNBERT
 from bio_megatron.families.roberta import ROBERTA
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 
@@ -28,6 +29,7 @@ FAMILIES: dict[str, Family] = {
     ROBERTA.name: ROBERTA,
     ELECTRA.name: ELECTRA,
     ALBERT.name: ALBERT,
+    MODERNBERT.name: MODERNBERT,
 }
 
 

@@ -47,6 +47,7 @@ class Source:
 
 _HF_INT_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings", "type_vocab_size")
+_NO_TOKEN_TYPES = ("modernbert",)
 
 
 def read_hf_config(file: Path) -> dict:
@@ -56,6 +57,8 @@ def read_hf_config(file: Path) -> dict:
     if not isinstance(cfg, dict):
         raise CheckpointError(f"{file}: a JSON object is expected, not {type(cfg).__name__}")
     for key in _HF_INT_KEYS:
+        if key == "type_vocab_size" and cfg.get("model_type") in _NO_TOKEN_TYPES:
+            continue  # ModernBERT has no token-type table
         value = cfg.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             what = "missing" if key not in cfg else f"{value!r}"

@@ -12,13 +12,17 @@ import math
 import zlib
 
 import torch
-from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 
 def _sharded_tensors(model: torch.nn.Module):
     for key, sh in model.sharded_state_dict().items():
         if isinstance(sh, ShardedTensor):
             yield key, sh
+        elif isinstance(sh, ShardedTensorFactory):  # a gated MLP's fc1 ([x; gate], each half split over TP)
+            for part in sh.build():  # views of the parameter, under their own global keys
+                if isinstance(part, ShardedTensor):
+                    yield part.key, part
 
 
 def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int) -> torch.Tensor:

@@ -1,0 +1,260 @@
+"""ModernBERT (Warner et al. 2024; BioClinical ModernBERT 2025) on megatron-core.
+
+What ModernBERT changes in pre-LN BERT, and where it lives here (everything else is megatron-core's own local
+spec: ``TransformerLayer``, ``SelfAttention``, the tensor-parallel linears, the gated ``MLP``):
+
+- **No position table**: rotary embeddings on queries and keys, with one base on global layers
+  (``model.global_rope_theta``, 160,000) and another on local ones (``model.local_rope_theta``, 10,000).
+  megatron-core computes ONE rotary table per model and hands it to every layer, and its ``RotaryEmbedding`` moves
+  its frequencies to a GPU on first use; :class:`RopeSelfAttention` (megatron's ``SelfAttention``) makes its own
+  table from its layer's base and hands it to megatron's ``apply_rotary_pos_emb`` (non-interleaved halves, as HF).
+- **Local attention**: every layer but each ``model.global_attn_every_n_layers``-th (0-based index 0, N, 2N, ...)
+  sees only keys within ``model.local_attention // 2`` positions. megatron-core's own ``window_size`` is a causal
+  (decoder) window and counts layers from 1; :class:`WindowedDotProductAttention` (megatron's unfused
+  ``DotProductAttention``) adds the symmetric band to the padding mask on local layers instead.
+- **GeGLU MLP, bias-free**: megatron's ``gated_linear_unit`` with exact GELU (``act(x) * gate``, the first half of
+  fc1's rows is ``x``, as HF's ``Wi``) and ``add_bias_linear=False``; LayerNorms without bias
+  (:class:`BiasFreeLayerNorm`). Layer 0 has no attention LayerNorm (the embedding is normalised already).
+- **Embedding**: the word table, LayerNorm, dropout (no token types). **Final norm** after the last layer.
+- **MLM head** (HF ``ModernBertPredictionHead`` + decoder): dense H -> H (no bias), GELU, LayerNorm, then a
+  vocab-parallel output layer whose weight is the word embedding plus its own bias.
+
+State names (TP1; :mod:`bio_megatron.families.modernbert` maps them to HF)::
+
+    embedding.word_embeddings.weight [V, H], embedding.norm.weight [H]
+    encoder.layers.{i}.input_layernorm.weight (i > 0), self_attention.linear_qkv.weight [3H, H] (rows per head:
+        [q_h0, k_h0, v_h0, q_h1, ...]), self_attention.linear_proj.weight, pre_mlp_layernorm.weight,
+        mlp.linear_fc1.weight [2F, H] ([x; gate]), mlp.linear_fc2.weight [H, F]
+    encoder.final_layernorm.weight, lm_head.dense.weight, lm_head.norm.weight, output_layer.bias [V]
+
+Pipeline parallelism and sequence parallelism are refused by the config (``config/pretrain.py::modernbert_problems``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+from megatron.core.transformer.attention import SelfAttention
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import ModelType
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+from megatron.core.transformer.transformer_config import TransformerConfig
+from torch import nn
+
+from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.bert import mask_padded_vocab, transformer_config
+from bio_megatron.utils.errors import ConfigError
+
+__all__ = ["BiasFreeLayerNorm", "ModernBertModel", "RopeSelfAttention", "WindowedDotProductAttention",
+           "build_modernbert_model", "is_global_layer", "modernbert_task_encoder", "modernbert_transformer_config"]
+
+DEFAULTS = {"global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0, "local_attention": 128,
+            "global_attn_every_n_layers": 3}  # ModernBERT's published values (HF ModernBertConfig's defaults)
+
+
+def setting(m: ModelConfig, key: str):
+    value = getattr(m, key, None)
+    return DEFAULTS[key] if value is None else value
+
+
+def is_global_layer(layer_number: int, every: int) -> bool:
+    """megatron's 1-based (global) layer number -> whether it attends globally (HF: 0-based index % N == 0)."""
+    return (layer_number - 1) % every == 0
+
+
+class BiasFreeLayerNorm(nn.LayerNorm):
+    """ModernBERT's LayerNorm (``norm_bias: false``), built as megatron builds its norms."""
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
+        super().__init__(hidden_size, eps=eps, bias=False)
+
+
+def rope_table(seq: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """megatron's rotary layout [s, 1, 1, dim]: angles ``pos * base^(-2i/dim)`` repeated for both halves."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+    freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
+    return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+
+
+class RopeSelfAttention(SelfAttention):
+    """megatron's self-attention with this layer's own rotary base (global or local)."""
+
+    def __init__(self, config: TransformerConfig, submodules, layer_number: int, *args, rope_bases=(1e4, 1e4),
+                 global_every: int = 1, **kwargs):
+        super().__init__(config, submodules, layer_number, *args, **kwargs)
+        self.rope_base = float(rope_bases[0] if is_global_layer(self.layer_number, global_every) else rope_bases[1])
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
+        table = rope_table(hidden_states.shape[0], self.config.kv_channels, self.rope_base, hidden_states.device)
+        kwargs["rotary_pos_emb"] = (table, table)
+        return super().forward(hidden_states, attention_mask, **kwargs)
+
+
+class WindowedDotProductAttention(DotProductAttention):
+    """megatron's unfused attention; on local layers keys further than ``half_window`` positions away are masked
+    too (ModernBERT's bidirectional sliding window, ``|i - j| <= local_attention // 2``)."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, *args, half_window: int = 64,
+                 global_every: int = 1, **kwargs):
+        super().__init__(config, layer_number, *args, **kwargs)
+        self.half_window = None if is_global_layer(layer_number, global_every) else half_window
+
+    def forward(self, query, key, value, attention_mask, *args, **kwargs):
+        if self.half_window is not None:
+            pos = torch.arange(query.shape[0], device=query.device)
+            far = ((pos[:, None] - pos[None, :]).abs() > self.half_window)[None, None]  # [1, 1, sq, sk]
+            attention_mask = far if attention_mask is None else (attention_mask | far)
+        return super().forward(query, key, value, attention_mask, *args, **kwargs)
+
+
+def modernbert_transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:
+    """BERT's TransformerConfig with ModernBERT's GeGLU (exact GELU), no linear biases, unfused bias-activation."""
+    cfg = transformer_config(m, dtype)
+    return dataclasses.replace(cfg, gated_linear_unit=True, add_bias_linear=False, add_qkv_bias=False,
+                               activation_func=F.gelu, bias_activation_fusion=False)
+
+
+def block_spec(m: ModelConfig) -> TransformerBlockSubmodules:
+    """Per-layer specs on megatron-core's local BERT layer (layer 0 without its attention LayerNorm)."""
+    every = setting(m, "global_attn_every_n_layers")
+    layer = copy.deepcopy(bert_layer_local_spec)
+    sub = layer.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = BiasFreeLayerNorm
+    attn = sub.self_attention
+    attn.module = RopeSelfAttention
+    attn.params = {**attn.params, "rope_bases": (setting(m, "global_rope_theta"), setting(m, "local_rope_theta")),
+                   "global_every": every}
+    attn.submodules.core_attention = ModuleSpec(module=WindowedDotProductAttention, params={
+        "half_window": setting(m, "local_attention") // 2, "global_every": every})
+    first = copy.deepcopy(layer)
+    first.submodules.input_layernorm = IdentityOp
+    return TransformerBlockSubmodules(layer_specs=[first] + [layer] * (m.shape().num_layers - 1),
+                                      layer_norm=BiasFreeLayerNorm)
+
+
+class ModernBertBlock(TransformerBlock):
+    """megatron-core's block; its checkpoint entry of the attention LayerNorms holds layers 1.. only.
+
+    megatron stacks each per-layer tensor into one entry with a leading layer axis (global shape [num_layers, ...]);
+    layer 0 has no attention LayerNorm, so that axis is shortened by one and each layer's slot moved down by one
+    (otherwise dist-checkpointing refuses the entry: slot 0 is written by nobody)."""
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        for name, sh in sd.items():
+            if isinstance(sh, ShardedTensor) and sh.key.endswith("self_attention.linear_qkv.layer_norm_weight"):
+                sd[name] = dataclasses.replace(
+                    sh, global_shape=(sh.global_shape[0] - 1, *sh.global_shape[1:]),
+                    global_offset=(sh.global_offset[0] - 1, *sh.global_offset[1:]),
+                    axis_fragmentations=(sh.axis_fragmentations[0] - 1, *sh.axis_fragmentations[1:]))
+        return sd
+
+
+class ModernBertEmbedding(LanguageModelEmbedding):
+    """The vocab-parallel word table, then LayerNorm and dropout (HF ``ModernBertEmbeddings``); positions are
+    rotary (in attention) and there are no token types, so both arguments are ignored."""
+
+    def __init__(self, config: TransformerConfig, vocab_size: int, max_sequence_length: int):
+        super().__init__(config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
+                         position_embedding_type="rope", num_tokentypes=0)
+        self.norm = BiasFreeLayerNorm(config, config.hidden_size, config.layernorm_epsilon)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                tokentype_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        words = self.word_embeddings(input_ids).transpose(0, 1).contiguous()  # [s, b, h]
+        return self.embedding_dropout(self.norm(words))
+
+
+class ModernBertHead(nn.Module):
+    """HF ``ModernBertPredictionHead``: dense (H -> H, no bias), GELU, LayerNorm (no bias)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+        self.norm = BiasFreeLayerNorm(config, config.hidden_size, config.layernorm_epsilon)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.norm(F.gelu(self.dense(hidden)))
+
+
+def attention_mask_for(padding_mask: torch.Tensor) -> torch.Tensor:
+    """[b, s] (1 = token) -> megatron's [b, 1, s, s] boolean mask (True = masked out)."""
+    mask = padding_mask.unsqueeze(1)
+    return (mask.unsqueeze(2) * mask.unsqueeze(3)) < 0.5
+
+
+class ModernBertModel(MegatronModule):
+    """ModernBERT for MLM pretraining at TP x DP (PP 1), called as megatron-core's ``BertModel``:
+    ``forward(input_ids, attention_mask, tokentype_ids, lm_labels)`` returns the per-token MLM loss [b, s] (or,
+    without labels, this rank's vocabulary slice of the logits [b, s, V/TP]) and None (no NSP)."""
+
+    def __init__(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32):
+        super().__init__(config=modernbert_transformer_config(m, dtype))
+        if m.pipeline_model_parallel_size != 1:
+            raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
+        self.model_type = ModelType.encoder_or_decoder
+        self.pre_process = self.post_process = True
+        self.share_embeddings_and_output_weights = True
+        self.true_vocab_size = vocab_size
+        self.vocab_size = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+        self.embedding = ModernBertEmbedding(self.config, self.vocab_size, m.max_position_embeddings)
+        self.encoder = ModernBertBlock(config=self.config, spec=block_spec(m), pre_process=True, post_process=True)
+        self.lm_head = ModernBertHead(self.config)
+        self.output_layer = tensor_parallel.ColumnParallelLinear(
+            self.config.hidden_size, self.vocab_size, config=self.config, init_method=self.config.init_method,
+            bias=True, skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """megatron-core's schedules call this with the previous stage's output: always None here (PP 1)."""
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
+        # the vocabulary padding (a multiple of 128 x TP) changes with TP: the bias reshards as the word table does
+        sd[f"{prefix}output_layer.bias"].allow_shape_mismatch = True
+        return sd
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The final-normed hidden states [s, b, H]."""
+        return self.encoder(hidden_states=self.embedding(input_ids=input_ids),
+                            attention_mask=attention_mask_for(attention_mask))
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokentype_ids: torch.Tensor | None = None,
+                lm_labels: torch.Tensor | None = None):
+        hidden = self.encode(input_ids, attention_mask)
+        logits, _ = self.output_layer(self.lm_head(hidden), weight=self.embedding.word_embeddings.weight)
+        logits = mask_padded_vocab(logits, self.true_vocab_size)
+        if lm_labels is None:
+            return logits.transpose(0, 1).contiguous(), None
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lm_labels.transpose(0, 1).contiguous())
+        return loss.transpose(0, 1).contiguous(), None
+
+
+def build_modernbert_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32) -> ModernBertModel:
+    """This rank's ModernBERT (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
+    model = ModernBertModel(m, vocab_size, dtype)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if dtype != torch.float32:
+        model.to(dtype)
+    return model
+
+
+def modernbert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,
+                            post_process: bool) -> tuple[nn.Module | None, TransformerBlock]:
+    """(embedding, encoder) of a fine-tuning model under the pretraining model's names. PP is 1."""
+    if not (pre_process and post_process):
+        raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
+    config = modernbert_transformer_config(m, dtype)
+    embedding = ModernBertEmbedding(config, padded_vocab, m.max_position_embeddings)
+    return embedding, ModernBertBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
