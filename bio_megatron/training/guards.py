@@ -38,9 +38,18 @@ def any_rank(flag: bool | torch.Tensor) -> bool:
 
 
 def _nonfinite(tensors) -> torch.Tensor:
-    """One device flag (no host sync per tensor): does any tensor hold a NaN or an Inf?"""
-    flags = [(~torch.isfinite(t)).any() for t in tensors if t is not None and t.numel()]
-    return torch.stack(flags).any() if flags else torch.tensor(False)
+    """One device flag: does any tensor hold a NaN or an Inf? A tensor whose sum (in fp32 at least) is finite holds
+    neither, since a NaN or an Inf makes any sum NaN/Inf; summing is one pass without a temporary, where isfinite()
+    built a bool tensor as large as the gradient buffer (~7% of a MiniLM fine-tuning step on CPU, bench finetune).
+    Only a non-finite sum (a real NaN/Inf, or finite values summing past the fp32 range) is checked element by
+    element, after one host sync."""
+    tensors = [t for t in tensors if t is not None and t.numel()]
+    if not tensors:
+        return torch.tensor(False)
+    sums = torch.stack([t.sum(dtype=torch.promote_types(t.dtype, torch.float32)).float() for t in tensors])
+    if bool(torch.isfinite(sums).all()):
+        return torch.zeros((), dtype=torch.bool, device=sums.device)
+    return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).any()
 
 
 def _grad_tensors(model) -> list[torch.Tensor]:
