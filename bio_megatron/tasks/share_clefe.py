@@ -7,7 +7,9 @@ into the report (end exclusive), a discontiguous mention listing one ``start||en
     <name>.txt||Disease_Disorder||<CUI or CUI-less>||<start>||<end>[||<start>||<end> ...]
 
 as the test gold (``Task1Gold_SN2012/Gold_SN2012/<name>.txt``) ships and BLUE writes the training gold from its
-Knowtator XML (``Task1TrainSetGOLD199knowtatorehost/Task1Gold/<name>.txt``; BLUE's ``create_clefe_bert.py``).
+Knowtator XML (``Task1TrainSetGOLD199knowtatorehost/Task1Gold/<name>.txt``; BLUE's ``create_clefe_bert.py``). Where
+there is no pipe file the release's Knowtator file is read (``.../ALLSAVED/<name>.knowtator.xml``: each
+``<annotation>`` with its ``<span start end>`` fragments), so the release runs as shipped.
 
 Done as BLUE does it: the report's de-identification marks ``[**...**]`` become ``PATTERN`` right-aligned in the
 same width (spaces where the mark is shorter than the word), ``||||``, ``___`` and ``~~`` become spaces, so offsets
@@ -39,10 +41,12 @@ from bio_megatron.utils.errors import DataError
 TRAIN_REPORTS = "Task1TrainSetCorpus199/ALLREPORTS"
 TEST_REPORTS = "Task1TestSetCorpus100/ALLREPORTS"
 GOLD_DIRS = ("Task1TrainSetGOLD199knowtatorehost/Task1Gold", "Task1TrainSetGOLD199pipe", "Task1Gold_SN2012/Gold_SN2012")
+KNOWTATOR_DIR = "Task1TrainSetGOLD199knowtatorehost/ALLSAVED"  # the training gold as released: Knowtator XML
 DEV_IDS = "devel_docids.txt"
 PIPE = "<report>||Disease_Disorder||<CUI>||<start>||<end>[||<start>||<end> ...]"
 _MARK = re.compile(r"\[\*\*.*?\*\*\]")
 _RULE = re.compile(r"\|{4}|___|~~")
+_SPAN_TAG = re.compile(r"<span[\s/>]")
 
 
 def mask_report(text: str) -> str:
@@ -73,12 +77,40 @@ def read_pipe(path: Path, text: str, allowed: set[str] | None) -> list[Mention]:
     return out
 
 
-def _gold_file(root: Path, report: Path) -> Path:
+def read_knowtator(path: Path, text: str) -> list[Mention]:
+    """The mentions of one Knowtator file (``<report>.knowtator.xml``): every ``<annotation>``'s ``<span>``s, the
+    first a mention's start and the others its later fragments, as BLUE's ``convert_train_gs_to_text`` reads them."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        tree = ET.parse(path)
+    except ET.ParseError as exc:
+        raise DataError(f"not well-formed Knowtator XML ({exc})", str(path), exc.position[0]) from None
+    raw, pos = path.read_text(encoding="utf-8", errors="replace"), 0
+    out: list[Mention] = []
+    for k, annotation in enumerate(tree.getroot().iter("annotation"), 1):
+        for i, span in enumerate(annotation.findall("span")):
+            start, end = span.get("start", ""), span.get("end", "")
+            tag = _SPAN_TAG.search(raw, pos)  # the element tree keeps no line numbers: the tag, in document order
+            pos, lineno = (tag.end(), raw.count("\n", 0, tag.start()) + 1) if tag else (pos, None)
+            if not (start.isdigit() and end.isdigit()) or not int(start) < int(end) <= len(text):
+                raise DataError(f"annotation {k}: span {start!r}-{end!r} is not inside the report ({len(text)} "
+                                "characters)", str(path), lineno)
+            out.append(Mention(int(start), int(end), "", str(path), lineno, continues=i > 0))
+    return out
+
+
+def _mentions(root: Path, report: Path, text: str, allowed: set[str] | None) -> list[Mention]:
+    """The report's mentions from its pipe file (:data:`GOLD_DIRS`, in order), else its Knowtator file."""
     for folder in GOLD_DIRS:
         for name in (report.name, f"{report.stem}.pipe.txt"):
             if (root / folder / name).is_file():
-                return root / folder / name
-    raise DataError(f"no pipe file for this report in {', '.join(GOLD_DIRS)} under {root}", str(report))
+                return read_pipe(root / folder / name, text, allowed)
+    knowtator = root / KNOWTATOR_DIR / f"{report.stem}.knowtator.xml"
+    if knowtator.is_file():
+        return read_knowtator(knowtator, text)
+    raise DataError(f"no annotations for this report: no pipe file in {', '.join(GOLD_DIRS)} and no "
+                    f"{KNOWTATOR_DIR}/{report.stem}.knowtator.xml under {root}", str(report))
 
 
 def read_reports(root: Path, folder: Path, allowed: set[str] | None, stats: SpanStats) -> dict[str, list[Sentence]]:
@@ -91,7 +123,7 @@ def read_reports(root: Path, folder: Path, allowed: set[str] | None, stats: Span
     docs = {}
     for report in reports:
         text = mask_report("\n".join(line for _, line in iter_lines(report, "a ShARe/CLEFE report")))
-        mentions = read_pipe(_gold_file(root, report), text, allowed)
+        mentions = _mentions(root, report, text, allowed)
         docs[report.stem] = label_text(text, resolve_overlaps(mentions, stats), stats)
     return docs
 

@@ -132,7 +132,13 @@ def test_share_clefe_discontiguous_mentions_are_tagged_as_blue_tags_them():
         [("History", "O"), ("of", "O"), ("Ménière", "B"), ("disease", "I"), ("and", "O"), ("chest", "B"),
          ("pain", "I"), (";", "O"), ("no", "O"), ("edema", "B"), ("_", "O"), ("noted", "O"), (".", "O")],
     ]
-    assert len(train) == 5 and _pairs(dev) == [[("Mild", "O"), ("mitral", "B"), ("regurgitation", "I"), (".", "O")]]
+    # the radiology report has no pipe file: its Knowtator XML (the training gold as released) is read
+    assert _pairs(train)[6:] == [
+        [("Mild", "O"), ("cardiomegaly", "B"), (";", "O"), ("right", "O"), ("lower", "O"), ("lobe", "O"), ("is", "O"),
+         ("clear", "O"), ("but", "O"), ("the", "O")],
+        [("left", "B"), ("lower", "I"), ("lobe", "I"), ("shows", "O"), ("atelectasis", "I"), (".", "O")],
+    ]
+    assert len(train) == 8 and _pairs(dev) == [[("Mild", "O"), ("mitral", "B"), ("regurgitation", "I"), (".", "O")]]
     assert _pairs(test)[0] == [("Aortic", "B"), ("valve", "I"), ("is", "O"), ("mildly", "O"), ("thickened", "I"),
                                (".", "O")]
     mark = "[**Known lastname 123**]"  # 24 characters: PATTERN after 17 spaces; "[****]" (6) is too short for it
@@ -183,6 +189,8 @@ CON = "concept_assertion_relation_training_data/{}/concept/{}.con"
      "C0015967||15||20", "C0015967||15", "does not parse as a pipe line"),
     ("share_clefe", "Task1TrainSetGOLD199knowtatorehost/Task1Gold/00174-002042-DISCHARGE_SUMMARY.txt",
      "C0015967||15||20", "C0015967||15||2000", "fragment 15-2000 is outside the report"),
+    ("share_clefe", "Task1TrainSetGOLD199knowtatorehost/ALLSAVED/00312-004417-RADIOLOGY_REPORT.knowtator.xml",
+     '<span start="112" end="123" />', '<span start="112" end="1230" />', "span '112'-'1230' is not inside the report"),
 ])
 def test_bad_release_line_is_refused_with_file_and_line(tmp_path, fmt, file, old, new, needle):
     data = _copy(FIX / fmt, tmp_path)
