@@ -20,7 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", required=True, help="recipe YAML, e.g. nemo_configs/distill/tiny_distill.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. model.teacher.restore_from_path=runs/x "
                    "model.distill.alpha_cos=0")
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit (checks the config only)")
+    p.add_argument("--dry-run", action="store_true", help="check the config and the teacher against the student "
+                   "(source, family, vocabulary, shape; no weights read), print both and exit")
     p.set_defaults(func=run_distill)
 
 
@@ -34,7 +35,7 @@ def run_distill(args: argparse.Namespace) -> int:
     cfg = load_distill_config(find_recipe("distill", args.config), args.overrides,
                               None if args.dry_run else world.world_size)
     if args.dry_run:
-        print(json.dumps({"config": to_dict(cfg)}, indent=2))
+        print(json.dumps({"config": to_dict(cfg), "teacher": _teacher_report(cfg)}, indent=2))
         return 0
     from bio_megatron.loading.teacher import load_teacher
     from bio_megatron.parallel.distributed import teardown
@@ -45,3 +46,16 @@ def run_distill(args: argparse.Namespace) -> int:
     finally:
         teardown()
     return 0
+
+
+def _teacher_report(cfg) -> dict:
+    """What the teacher is, as the run will build it (checked against the student)."""
+    from bio_megatron.data.pretrain import load_tokenizer
+    from bio_megatron.loading.teacher import inspect_teacher
+
+    src, family, m = inspect_teacher(cfg, load_tokenizer(cfg).vocab_file)
+    s = m.shape()
+    return {"path": str(src.origin or src.path), "kind": src.kind, "family": family.name,
+            "num_layers": s.num_layers, "hidden_size": s.hidden_size, "num_attention_heads": s.num_attention_heads,
+            "ffn_hidden_size": s.ffn_hidden_size, "precision": cfg.model.teacher.precision or cfg.trainer.precision,
+            "projection": bool(cfg.model.distill.alpha_cos) and s.hidden_size != cfg.model.shape().hidden_size}

@@ -90,7 +90,18 @@ def load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precision
         raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
 
 
-def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precision) -> torch.nn.Module:
+def inspect_teacher(cfg, vocab_file: str | Path):
+    """The teacher's source, family and model config, checked against the student without reading a weight or
+    joining a process group (``distill --dry-run`` shows it); CheckpointError for any refusal."""
+    try:
+        return _inspect(cfg, vocab_file)
+    except CheckpointError as exc:
+        if str(exc).startswith("model.teacher.restore_from_path"):
+            raise
+        raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
+
+
+def _inspect(cfg, vocab_file: str | Path):
     student = cfg.model
     where = student.teacher.restore_from_path
     src = resolve_source(where)
@@ -109,6 +120,13 @@ def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precisio
     problems = teacher_problems(student, m, student.distill.alpha_cos)
     if problems:
         raise CheckpointError(f"model.teacher.restore_from_path ({where}): " + "; ".join(problems))
+    return src, family, m
+
+
+def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precision) -> torch.nn.Module:
+    student = cfg.model
+    where = student.teacher.restore_from_path
+    src, family, m = _inspect(cfg, vocab_file)
     dtype = precision_dtype(student.teacher.precision or trainer_precision)
     teacher = family.build_pretraining_model(m, vocab_size, dtype)
     if src.kind == "hf":

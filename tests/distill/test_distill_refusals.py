@@ -37,6 +37,9 @@ CASES = {
     "damaged_teacher": ((), "damaged_teacher/checkpoints/iter_0000004 is damaged"),
     "no_teacher_there": ((), "model.teacher.restore_from_path: "),
     "pipeline": (("model.pipeline_model_parallel_size=2",), "must be 1 for distillation"),
+    "other_vocabulary_dry_run": (("model.tokenizer.vocab_file=bert_base_cased",), "not the student's"),
+    "student_wider_dry_run": (("model.hidden_size=128", "model.num_attention_heads=4", "model.ffn_hidden_size=512"),
+                              "wider than"),
 }
 
 
@@ -50,10 +53,30 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case: str, pubmed_pref
     over = distill_overrides(pubmed_prefix, tmp_path / "runs", "student", teacher, extra=extra)
     from distill_runs import TINY_DISTILL
 
-    dry = ["--dry-run"] if case == "pipeline" else []  # refused at config time, before any world exists
+    # refused at config time, before any world exists; the dry run checks the teacher as the run does
+    dry = ["--dry-run"] if case == "pipeline" or case.endswith("dry_run") else []
     (rc, msg), = run_world(1, _cli, ["distill", "--config", str(TINY_DISTILL), *dry, *over])
     assert rc == 2, msg
     assert expected in msg and "Traceback" not in msg
     assert len(msg.splitlines()) <= 2, msg  # ConfigError: its header line and the one problem
     assert not (tmp_path / "runs" / "student").exists()
     assert tree_digest(distill_teacher) == before
+
+
+def test_dry_run_shows_the_teacher_as_the_run_builds_it(pubmed_prefix, distill_teacher, tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from distill_runs import TINY_DISTILL
+
+    over = distill_overrides(pubmed_prefix, tmp_path, "student", distill_teacher)
+    res = subprocess.run([sys.executable, "-m", "bio_megatron", "distill", "--config", str(TINY_DISTILL), "--dry-run",
+                          *over], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    teacher = json.loads(res.stdout)["teacher"]
+    assert teacher == {"path": teacher["path"], "kind": "checkpoint", "family": "megatron_bert", "num_layers": 4,
+                       "hidden_size": 64, "num_attention_heads": 4, "ffn_hidden_size": 256, "precision": 32,
+                       "projection": True}
+    assert Path(teacher["path"]).parent.parent == distill_teacher
+    assert not (tmp_path / "student").exists()
