@@ -20,6 +20,7 @@ from bio_megatron.config.pretrain import encoder_problems, run_dir_problems
 from bio_megatron.utils.errors import ConfigError
 
 TASKS = ("ner", "re", "qa", "classify")
+FOLD_NAMES = {str(i) for i in range(1, 11)}  # BioBERT's fold folders (model.dataset.fold)
 
 
 @dataclass
@@ -375,8 +376,9 @@ def load_finetune_config(task: str, path: str | Path | None, overrides: list[str
         d = cfg.model.dataset
         if getattr(d, "fold", None) in range(1, 11):  # BioBERT's folds: each split file inside <data_dir>/<fold>/
             for key in ("train_file", "dev_file", "test_file"):
-                if getattr(d, key):
-                    setattr(d, key, f"{d.fold}/{getattr(d, key).removeprefix(f'{d.fold}/')}")
+                if getattr(d, key):  # a resolved config's "<other fold>/<file>" moves to this fold
+                    head, _, rest = getattr(d, key).partition("/")
+                    setattr(d, key, f"{d.fold}/{rest if rest and head in FOLD_NAMES else getattr(d, key)}")
 
     return build_config(CONFIG_CLASSES[task], raw, lambda cfg: validate(cfg, world_size),
                         str(path) if path else None, prepare)

@@ -40,6 +40,9 @@ def test_fold_key_reads_every_split_inside_the_fold_and_is_idempotent():
     assert (d.task_name, d.train_file, d.dev_file, d.test_file) == ("euadr", "2/train.tsv", "2/test.tsv", "2/test.tsv")
     again = load_finetune_config("classify", RECIPE, over + [f"model.dataset.train_file={d.train_file}"], 1)
     assert again.model.dataset.train_file == "2/train.tsv"  # a resolved config loads to the same files
+    other = load_finetune_config("classify", RECIPE, over[:1] + ["model.dataset.fold=1",
+                                                                 "model.dataset.dev_file=2/test.tsv"], 1)
+    assert other.model.dataset.dev_file == "1/test.tsv"  # another fold's resolved file name moves to this fold
 
 
 @pytest.mark.parametrize("over,needle", [
