@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Literal
 
 from bio_megatron.config.loader import build_config, load_document
+from bio_megatron.config.packing import finetune_packing_problems
 from bio_megatron.config.pretrain import (ExpManagerConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
                                           TrainerConfig)
 from bio_megatron.config.pretrain import encoder_problems, run_dir_problems
@@ -105,6 +106,9 @@ class NerDatasetConfig:
     dev_file: str = "devel.tsv"
     test_file: str | None = "test.tsv"
     max_seq_length: int = 128
+    packing: bool = False
+    """true: the sentences of a micro-batch share rows, each attending only to itself (tasks/packing.py); the same
+    losses and predictions as unpacked, with less padding."""
     pad_label: str = "O"
     ignore_extra_tokens: bool = False
     """False: every sub-token carries its word's label; True: only the first sub-token is labelled."""
@@ -178,6 +182,9 @@ class ClassifyDatasetConfig:
     dev_file: str = "dev.tsv"
     test_file: str | None = "test.tsv"
     max_seq_length: int = 128
+    packing: bool = False
+    """true: the examples of a micro-batch share rows, each attending only to itself, pooled at its own [CLS]
+    (tasks/packing.py); the same losses and predictions as unpacked, with less padding."""
     class_balancing: Literal["weighted_loss"] | None = None
     """Single-label datasets: NeMo's class-weighted cross entropy; HoC (multi-label): BCE ``pos_weight`` =
     negatives / positives per label in the training split. Not for BIOSSES (regression)."""
@@ -297,6 +304,7 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     for key in ("max_train_examples", "max_eval_examples"):
         if getattr(d, key) is not None and getattr(d, key) < 1:
             problems.append(f"model.dataset.{key} ({getattr(d, key)}) must be >= 1 or null")
+    problems += finetune_packing_problems(m, getattr(d, "packing", False))
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")

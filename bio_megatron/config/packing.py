@@ -27,3 +27,22 @@ def packing_problems(m: Any) -> list[str]:
         problems.append(f"{key} needs model.transformer_impl local or auto: Transformer Engine's BERT spec takes "
                         "[b, 1, 1, s] padding masks, not a per-document block mask")
     return problems
+
+
+def finetune_packing_problems(m: Any, packing: bool) -> list[str]:
+    """``model.dataset.packing`` (NER and classification) against the layout and attention implementation."""
+    if not packing:
+        return []
+    key = "model.dataset.packing (true)"
+    problems = []
+    if m.pipeline_model_parallel_size != 1:
+        problems.append(f"{key} needs model.pipeline_model_parallel_size=1 (got {m.pipeline_model_parallel_size}): "
+                        "packed rows are laid back out per example after the last layer, on one stage")
+    if m.sequence_parallel:
+        problems.append(f"{key} is not implemented with model.sequence_parallel: set one of them false")
+    if m.family == "albert":
+        problems.append(f"{key} is not implemented for model.family albert: set it false")
+    if m.transformer_impl == "transformer_engine":
+        problems.append(f"{key} needs model.transformer_impl local or auto: Transformer Engine's BERT spec takes "
+                        "[b, 1, 1, s] padding masks, not a per-example block mask")
+    return problems

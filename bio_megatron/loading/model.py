@@ -26,6 +26,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_of_model
 from bio_megatron.loading.hf import read_hf_state
 from bio_megatron.loading.source import Source
+from bio_megatron.models.attention import packed_attention_mask, packed_position_ids, unpack_rows
 from bio_megatron.models.bert import transformer_config
 from bio_megatron.models.heads import pytorch_default_init
 from bio_megatron.models.hf_convert import TE_ALIASES
@@ -60,17 +61,26 @@ class TaskModel(MegatronModule):
         self.encoder.set_input_tensor(input_tensor)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
-        mask = attention_mask.unsqueeze(1)
-        mask = (mask.unsqueeze(2) * mask.unsqueeze(3)) if self.mask_dims == "b1ss" else mask.unsqueeze(1)
+                tokentype_ids: torch.Tensor | None = None, unpack: torch.Tensor | None = None) -> torch.Tensor:
+        """``unpack`` (packed fine-tuning batches, ``tasks/packing.py``): ``attention_mask`` numbers the examples of
+        each row 1, 2, ...; they attend only to themselves, positions restart, and the head sees each example's
+        states laid out as if unpacked (``[n_examples, L, h]``: its [CLS] at 0)."""
+        if unpack is not None:
+            mask = packed_attention_mask(attention_mask)
+            positions = packed_position_ids(attention_mask)
+        else:
+            mask = attention_mask.unsqueeze(1)
+            mask = (mask.unsqueeze(2) * mask.unsqueeze(3)) if self.mask_dims == "b1ss" else mask.unsqueeze(1)
+            mask = mask < 0.5
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
         hidden = None
         if self.pre_process:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand_as(input_ids)
             hidden = self.embedding(input_ids=input_ids, position_ids=positions, tokentype_ids=tokentype_ids)
-        hidden = self.encoder(hidden_states=hidden, attention_mask=mask < 0.5)
+        hidden = self.encoder(hidden_states=hidden, attention_mask=mask)
         if not self.post_process:
             return hidden
-        return self.head(hidden.transpose(0, 1))  # [s, b, h] -> [b, s, h]
+        hidden = hidden.transpose(0, 1)  # [s, b, h] -> [b, s, h]
+        return self.head(unpack_rows(hidden, unpack) if unpack is not None else hidden)
 
 
 def task_padded_vocab(m: ModelConfig, vocab_size: int, src: Source | None) -> int:

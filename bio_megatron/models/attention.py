@@ -44,6 +44,14 @@ def packed_position_ids(segments: torch.Tensor) -> torch.Tensor:
     return idx - first
 
 
+def unpack_rows(hidden: torch.Tensor, unpack: torch.Tensor) -> torch.Tensor:
+    """``[n, L, h]`` per-example states from packed ``hidden`` ``[b, s, h]``: ``unpack`` ``[n, L]`` holds each
+    example position's flat index ``row * s + position`` in the packed batch, -1 past its end (zeros there)."""
+    b, s, h = hidden.shape
+    flat = torch.cat([hidden.reshape(b * s, h), hidden.new_zeros(1, h)])
+    return flat[torch.where(unpack >= 0, unpack, b * s)]
+
+
 class SDPACoreAttention(MegatronModule):
     """Drop-in ``core_attention`` for ``SelfAttention``: [sq, b, np, hn] q/k/v -> [sq, b, np*hn] context."""
 

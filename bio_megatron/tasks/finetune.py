@@ -29,6 +29,7 @@ from bio_megatron.loading.model import build_task_model, load_into, task_padded_
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
+from bio_megatron.tasks.packing import model_inputs, pack
 from bio_megatron.tasks.protocol import TASKS, Split, Task
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training import resume_checks
@@ -57,7 +58,8 @@ def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
     """One micro-batch through encoder + head; on the last stage the task loss (and, for evaluation, the
     per-example predictions) are reported."""
     b = _to_device(next(data_iterator))
-    out = model(b["input_ids"], b["attention_mask"], b["tokentype_ids"])
+    args, kwargs = model_inputs(b)  # packed batches (model.dataset.packing) add the packed rows and their layout
+    out = model(*args, **kwargs)
     if not ps.is_pipeline_last_stage():
         return out, None
     loss = task.loss(out, b)
@@ -81,6 +83,7 @@ class Batches:
         self.mbs, self.gbs = m.micro_batch_size, m.global_batch_size
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         self.max_len = m.dataset.max_seq_length
+        self.packing = getattr(m.dataset, "packing", False)  # NER and classification (tasks/packing.py)
         self.steps_per_epoch = steps_per_epoch(len(task.train.features), self.gbs)
         self.state: LoopState | None = None  # run_batches reads seq_length from it
 
@@ -90,7 +93,9 @@ class Batches:
         self.state.seq_length = seq
         per = len(indices) // self.dp
         mine = indices[self.dp_rank * per:(self.dp_rank + 1) * per]
-        return [self.task.collate(split, mine[k:k + self.mbs], seq) for k in range(0, len(mine), self.mbs)]
+        micro = [self.task.collate(split, mine[k:k + self.mbs], seq) for k in range(0, len(mine), self.mbs)]
+        # Packed rows are max_seq_length long: a row then holds as many examples as fit, not one padded one.
+        return [pack(b, self.max_len, self.task.tokenizer.pad) for b in micro] if self.packing else micro
 
     def train(self, step: int) -> list[dict]:
         n = len(self.task.train.features)
