@@ -51,6 +51,7 @@ CHECKED: dict[str, tuple[str, bool]] = {
     "model.optim.weight_decay": ("the restored schedule keeps the checkpoint's", False),
     "model.optim.betas": ("the restored Adam state was accumulated with the checkpoint's", False),
     "model.optim.eps": ("the restored Adam state was accumulated with the checkpoint's", False),
+    "model.optim.layerwise_lr_decay": ("the restored param groups keep the checkpoint's per-layer rates", False),
     "model.optim.sched.name": ("the restored LR schedule keeps the checkpoint's", False),
     "model.optim.sched.warmup_steps": ("the restored LR schedule keeps the checkpoint's", False),
     "model.optim.sched.warmup_ratio": ("the restored LR schedule keeps the checkpoint's", False),

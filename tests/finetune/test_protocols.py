@@ -242,3 +242,19 @@ def test_paper_protocol_recipes_load_by_name_with_their_values(path):
     if sub == "biolm":
         assert (cfg.model.global_batch_size, cfg.trainer.val_check_interval) in ((32, 500), (16, 200))
         assert cfg.exp_manager.create_early_stopping_callback == (task != "ner")
+
+
+def test_resuming_with_another_layerwise_decay_is_refused(tmp_path):
+    """The restored param groups carry the checkpoint's per-layer rates: another decay is refused, not ignored."""
+    from reliability.files import tree_digest
+    from reliability.test_resume_checks import _finetune, _finetune_stopped_after
+
+    over = ["trainer.max_steps=6", "trainer.val_check_interval=2", "model.dataset.max_eval_examples=16",
+            "model.dataset.test_file=null", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=cut",
+            "model.optim.layerwise_lr_decay=0.8"]
+    assert run_world(1, _finetune_stopped_after, over, 2)[0]["status"] == "interrupted"
+    before = tree_digest(tmp_path / "cut" / "resume")
+    with pytest.raises(RuntimeError) as info:
+        run_world(1, _finetune, over + ["model.optim.layerwise_lr_decay=0.5"])
+    assert "model.optim.layerwise_lr_decay is 0.5" in str(info.value), str(info.value)[-2000:]
+    assert tree_digest(tmp_path / "cut" / "resume") == before
