@@ -317,3 +317,30 @@ def test_albert_keys_are_checked_with_the_config(over, needle):
     with pytest.raises(ConfigError) as err:
         load_pretrain_config(tiny, over)
     assert needle in str(err.value), str(err.value)
+
+
+def _bare_encoder(root: str, theirs) -> dict:
+    """The fixture's AlbertModel alone (no MLM or SOP head, weights saved without the ``albert.`` prefix), imported
+    through the CLI (a fresh MLM head), then fine-tuning's encoder filled from the checkpoint."""
+    import torch
+    from transformers import AlbertForPreTraining
+
+    from bio_megatron.cli import main
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+
+    from architectures.hf_parity import encoder_hidden_diff
+
+    bare = AlbertForPreTraining.from_pretrained(f"{root}/hf").albert
+    bare.config.architectures = ["AlbertModel"]
+    _save(bare, f"{root}/bare")
+    rc = main(["import", "hf", "--model", f"{root}/bare", "--out", f"{root}/bare_ckpt"])
+    init_distributed()
+    init_model_parallel(1, 1, seed=1)
+    return {"rc": rc, "diff": encoder_hidden_diff(f"{root}/bare_ckpt", *_batch(vocab_lines()),
+                                                  torch.from_numpy(theirs))}
+
+
+def test_bare_albert_model_imports_with_a_fresh_mlm_head(albert):
+    root, ref = albert
+    (res,) = run_world(1, _bare_encoder, str(root), ref["hidden"])
+    assert res["rc"] == 0 and res["diff"] < 1e-4, res
