@@ -30,7 +30,8 @@ EXPECTED = ("BioBERT's fold files: 'sentence<TAB>label' lines (train.tsv), or th
 
 
 def read_biobert_fold(path: str | Path) -> list[TextExample]:
-    """The examples of one fold file, either form; ids ``<fold>/<file>:<index or line>``."""
+    """The examples of one fold file, either form; ids: the ``index`` column (what ``evaluate gad --gold`` reads from
+    the same file, so a fold's test predictions score there), or the line number in ``train.tsv``."""
     path = Path(path)
     if not path.parent.is_dir():
         raise DataError(f"fold folder not found (BioBERT's layout: <data_dir>/<1..10>/train.tsv, test.tsv)",
@@ -38,7 +39,6 @@ def read_biobert_fold(path: str | Path) -> list[TextExample]:
     out: list[TextExample] = []
     header: bool | None = None
     seen: dict[str, int] = {}
-    name = f"{path.parent.name}/{path.name}"
     for lineno, line in iter_lines(path, EXPECTED):
         if not line.strip():
             continue
@@ -58,7 +58,7 @@ def read_biobert_fold(path: str | Path) -> list[TextExample]:
         if key in seen:
             raise DataError(f"index {key!r} already used on line {seen[key]}", str(path), lineno)
         seen[key] = lineno
-        out.append(TextExample(f"{name}:{key}", fields[-2], label))
+        out.append(TextExample(key, fields[-2], label))
     if not out:
         raise DataError(f"no examples; expected {EXPECTED}", str(path))
     return out

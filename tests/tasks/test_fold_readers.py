@@ -25,10 +25,10 @@ TINY = ROOT / "nemo_configs" / "classify" / "tiny_classify.yaml"
 
 def test_fold_files_in_both_of_biobert_forms():
     train = read_biobert_fold(EUADR / "1" / "train.tsv")  # no header: sentence<TAB>label
-    assert [e.label for e in train] == ["1", "0", "1", "0"] and train[2].id == "1/train.tsv:3"
+    assert [e.label for e in train] == ["1", "0", "1", "0"] and train[2].id == "3"
     assert "Ca²⁺" in train[2].text and train[0].text.startswith("The @GENE$ variant")
     test = read_biobert_fold(EUADR / "2" / "test.tsv")  # header, then index<TAB>sentence<TAB>label
-    assert [(e.id, e.label) for e in test] == [("2/test.tsv:0", "1"), ("2/test.tsv:1", "0"), ("2/test.tsv:2", "1")]
+    assert [(e.id, e.label) for e in test] == [("0", "1"), ("1", "0"), ("2", "1")]
     examples = dataset("euadr").examples(EUADR / "2" / "test.tsv", fold=True)
     assert [e.target for e in examples] == [1, 0, 1]  # ids of GAD's labels 0, 1
 
@@ -89,3 +89,27 @@ def test_a_label_outside_the_set_is_refused_with_file_and_line(tmp_path):
     rc, msg = _finetune(tmp_path, data, 2)
     assert rc == 2 and f"{bad}:3: label 'false' is not one of ['0', '1']" in msg, msg
     assert not list((tmp_path / "runs").rglob("results.json"))
+
+
+def _finetune_rank(over: list[str]) -> dict:
+    import os
+
+    from bio_megatron.tasks.finetune import run_finetuning
+
+    os.chdir(ROOT)
+    return run_finetuning(load_finetune_config("classify", TINY, over, int(os.environ["WORLD_SIZE"])))
+
+
+def test_a_folds_test_predictions_score_with_evaluate_gad_on_its_test_file(tmp_path, capsys):
+    from harness import run_world
+
+    from bio_megatron.cli import main
+
+    over = ["model.dataset.task_name=euadr", "model.dataset.fold=2", f"model.dataset.data_dir={EUADR}",
+            "model.dataset.train_file=train.tsv", "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv",
+            "trainer.max_steps=2", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=euadr"]
+    (res,) = run_world(1, _finetune_rank, over)
+    capsys.readouterr()
+    assert main(["evaluate", "gad", "--gold", str(EUADR / "2" / "test.tsv"), "--pred", res["test_predictions"]]) == 0
+    scored = json.loads(capsys.readouterr().out)  # the fold's ids are its test file's index column
+    assert {**scored, "task": "euadr"} == res["test"] and scored["total"] == 3
