@@ -6,7 +6,7 @@ Tensor names, ours (TP1, :class:`~bio_megatron.models.modernbert.ModernBertModel
 a bare ``ModernBertModel`` saves the encoder without ``model.``)::
 
     embedding.word_embeddings / embedding.norm      -> model.embeddings.tok_embeddings / model.embeddings.norm
-    encoder.layers.{i}.input_layernorm (i > 0)      -> model.layers.{i}.attn_norm (layer 0 has none)
+    encoder.layers.{i}.input_layernorm (i > 0)      -> model.layers.{i}.attn_norm (layer 0 applies none)
     encoder.layers.{i}.self_attention.linear_qkv    -> model.layers.{i}.attn.Wqkv (HF's rows are [q; k; v], each
                                                        head-major; megatron groups them per head: [q_h0, k_h0, v_h0, ...])
     encoder.layers.{i}.self_attention.linear_proj   -> model.layers.{i}.attn.Wo
@@ -181,8 +181,9 @@ class ModernBertFamily:
         for i in range(s.num_layers):
             a, b = f"encoder.layers.{i}.", f"model.layers.{i}."
             out.update({f"{a}{o}.weight": hsd[f"{b}{t}.weight"] for o, t in _LAYER})
-            if i:
-                out[f"{a}input_layernorm.weight"] = hsd[f"{b}attn_norm.weight"]
+            # layer 0's is never applied (models.modernbert.UnappliedNorm): ones, as initialised
+            norm = hsd[f"{b}attn_norm.weight"] if i else torch.ones_like(hsd[f"{b}mlp_norm.weight"])
+            out[f"{a}input_layernorm.weight"] = norm
             qkv = hsd[f"{b}attn.Wqkv.weight"]
             h = qkv.shape[1]
             out[f"{a}self_attention.linear_qkv.weight"] = (

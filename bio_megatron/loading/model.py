@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state as ps
-from megatron.core.dist_checkpointing.mapping import ShardedTensor
+from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
@@ -125,20 +125,34 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
                               f"unexpected {list(unexpected)[:5]})")
 
 
+def _glu_halves(sharded: dict):
+    """(name, entry) of a sharded state dict, a gated MLP's fc1 (megatron's ShardedTensorFactory, ModernBERT's
+    GeGLU) as its two halves, each a view of the parameter under its own global key."""
+    for key, sh in sharded.items():
+        if isinstance(sh, ShardedTensorFactory):
+            yield from ((key, part) for part in sh.build() if isinstance(part, ShardedTensor))
+        else:
+            yield key, sh
+
+
 @torch.no_grad()
 def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix: str | None = None) -> None:
     """Copy an unsharded (TP1, per-layer) state dict into this rank's shards, using the same global
     key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout."""
-    for key, sh in model.sharded_state_dict().items():
+    for key, sh in _glu_halves(model.sharded_state_dict()):
         if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
             continue
         if sh.key in full:
             value = full[sh.key]
         elif sh.key.startswith("encoder.layers."):
             rest = sh.key[len("encoder.layers."):]
+            # a gated MLP's fc1 halves ([x; gate] rows): <name>_w is the first, <name>_v the second
+            half = "_wv".index(rest[-1]) - 1 if rest.endswith(("weight_w", "weight_v")) else None
+            rest = rest[:-2] if half is not None else rest
             # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
             rest = TE_ALIASES.get(rest, rest) if f"encoder.layers.0.{rest}" not in full else rest
-            value = torch.stack([full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])])
+            layers = [full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])]
+            value = torch.stack(layers if half is None else [t.chunk(2)[half] for t in layers])
         else:
             raise CheckpointError(f"weight {sh.key} is missing from the source")
         if tuple(value.shape) != tuple(sh.global_shape):  # vocabulary padding differs: zero-pad the rows

@@ -26,7 +26,8 @@ from bio_megatron.utils.io import load_json
 
 _SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
-               "transformer_block_type", "embedding_size", "hidden_act")  # the last two: ALBERT's
+               "transformer_block_type", "embedding_size", "hidden_act",  # these two: ALBERT's
+               "global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers")  # ModernBERT's
 
 
 @dataclass

@@ -14,7 +14,7 @@ spec: ``TransformerLayer``, ``SelfAttention``, the tensor-parallel linears, the 
   ``DotProductAttention``) adds the symmetric band to the padding mask on local layers instead.
 - **GeGLU MLP, bias-free**: megatron's ``gated_linear_unit`` with exact GELU (``act(x) * gate``, the first half of
   fc1's rows is ``x``, as HF's ``Wi``) and ``add_bias_linear=False``; LayerNorms without bias
-  (:class:`BiasFreeLayerNorm`). Layer 0 has no attention LayerNorm (the embedding is normalised already).
+  (:class:`BiasFreeLayerNorm`). Layer 0 applies no attention LayerNorm (the embedding is normalised already).
 - **Embedding**: the word table, LayerNorm, dropout (no token types). **Final norm** after the last layer.
 - **MLM head** (HF ``ModernBertPredictionHead`` + decoder): dense H -> H (no bias), GELU, LayerNorm, then a
   vocab-parallel output layer whose weight is the word embedding plus its own bias.
@@ -22,7 +22,7 @@ spec: ``TransformerLayer``, ``SelfAttention``, the tensor-parallel linears, the 
 State names (TP1; :mod:`bio_megatron.families.modernbert` maps them to HF)::
 
     embedding.word_embeddings.weight [V, H], embedding.norm.weight [H]
-    encoder.layers.{i}.input_layernorm.weight (i > 0), self_attention.linear_qkv.weight [3H, H] (rows per head:
+    encoder.layers.{i}.input_layernorm.weight (layer 0's is never applied: :class:`UnappliedNorm`), self_attention.linear_qkv.weight [3H, H] (rows per head:
         [q_h0, k_h0, v_h0, q_h1, ...]), self_attention.linear_proj.weight, pre_mlp_layernorm.weight,
         mlp.linear_fc1.weight [2F, H] ([x; gate]), mlp.linear_fc2.weight [H, F]
     encoder.final_layernorm.weight, lm_head.dense.weight, lm_head.norm.weight, output_layer.bias [V]
@@ -38,13 +38,11 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
-from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import ModelType
-from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
@@ -78,6 +76,16 @@ class BiasFreeLayerNorm(nn.LayerNorm):
 
     def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5):
         super().__init__(hidden_size, eps=eps, bias=False)
+
+
+class UnappliedNorm(BiasFreeLayerNorm):
+    """Layer 0's attention "LayerNorm": ModernBERT applies none there (the embedding was just normalised), but
+    megatron checkpoints each per-layer tensor (and its optimizer state) as one entry with a layer axis, which
+    must hold every layer. So layer 0 keeps a weight (ones; its gradient is zero, and LayerNorm weights get no
+    weight decay, so it stays ones) and passes its input through."""
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
 
 
 def rope_table(seq: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
@@ -126,7 +134,7 @@ def modernbert_transformer_config(m: ModelConfig, dtype: torch.dtype = torch.flo
 
 
 def block_spec(m: ModelConfig) -> TransformerBlockSubmodules:
-    """Per-layer specs on megatron-core's local BERT layer (layer 0 without its attention LayerNorm)."""
+    """Per-layer specs on megatron-core's local BERT layer (layer 0's attention LayerNorm unapplied)."""
     every = setting(m, "global_attn_every_n_layers")
     layer = copy.deepcopy(bert_layer_local_spec)
     sub = layer.submodules
@@ -138,27 +146,9 @@ def block_spec(m: ModelConfig) -> TransformerBlockSubmodules:
     attn.submodules.core_attention = ModuleSpec(module=WindowedDotProductAttention, params={
         "half_window": setting(m, "local_attention") // 2, "global_every": every})
     first = copy.deepcopy(layer)
-    first.submodules.input_layernorm = IdentityOp
+    first.submodules.input_layernorm = UnappliedNorm
     return TransformerBlockSubmodules(layer_specs=[first] + [layer] * (m.shape().num_layers - 1),
                                       layer_norm=BiasFreeLayerNorm)
-
-
-class ModernBertBlock(TransformerBlock):
-    """megatron-core's block; its checkpoint entry of the attention LayerNorms holds layers 1.. only.
-
-    megatron stacks each per-layer tensor into one entry with a leading layer axis (global shape [num_layers, ...]);
-    layer 0 has no attention LayerNorm, so that axis is shortened by one and each layer's slot moved down by one
-    (otherwise dist-checkpointing refuses the entry: slot 0 is written by nobody)."""
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
-        for name, sh in sd.items():
-            if isinstance(sh, ShardedTensor) and sh.key.endswith("self_attention.linear_qkv.layer_norm_weight"):
-                sd[name] = dataclasses.replace(
-                    sh, global_shape=(sh.global_shape[0] - 1, *sh.global_shape[1:]),
-                    global_offset=(sh.global_offset[0] - 1, *sh.global_offset[1:]),
-                    axis_fragmentations=(sh.axis_fragmentations[0] - 1, *sh.axis_fragmentations[1:]))
-        return sd
 
 
 class ModernBertEmbedding(LanguageModelEmbedding):
@@ -209,7 +199,7 @@ class ModernBertModel(MegatronModule):
         self.true_vocab_size = vocab_size
         self.vocab_size = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
         self.embedding = ModernBertEmbedding(self.config, self.vocab_size, m.max_position_embeddings)
-        self.encoder = ModernBertBlock(config=self.config, spec=block_spec(m), pre_process=True, post_process=True)
+        self.encoder = TransformerBlock(config=self.config, spec=block_spec(m), pre_process=True, post_process=True)
         self.lm_head = ModernBertHead(self.config)
         self.output_layer = tensor_parallel.ColumnParallelLinear(
             self.config.hidden_size, self.vocab_size, config=self.config, init_method=self.config.init_method,
@@ -257,4 +247,4 @@ def modernbert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtyp
         raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
     config = modernbert_transformer_config(m, dtype)
     embedding = ModernBertEmbedding(config, padded_vocab, m.max_position_embeddings)
-    return embedding, ModernBertBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
+    return embedding, TransformerBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
