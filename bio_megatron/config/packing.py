@@ -8,6 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 
+PACKING_FAMILIES = (None, "megatron_bert", "bert", "roberta", "electra")
+"""Families whose encoders take megatron-core's attention mask and learned positions as given (None: inferred,
+one of these); ALBERT's shared layer and ModernBERT's local windows build their own."""
+
+
 def packing_problems(m: Any) -> list[str]:
     """``model.data.packing`` against the objective, family and attention implementation (``m``: a ``ModelConfig``)."""
     mode = m.data.packing
@@ -16,13 +21,14 @@ def packing_problems(m: Any) -> list[str]:
     key = f"model.data.packing ({mode})"
     problems = []
     if m.objective != "mlm":
-        # megatron-core's BERT samples are sentence pairs sized for NSP/SOP (short_seq_prob shortens some on
-        # purpose); the pooler reads position 0 only, so a packed row's second pair would have no binary target.
+        # megatron-core's BERT samples never cross a document (nothing attends across one to remove) and fill the
+        # length but for short_seq_prob's share, kept short on purpose; with NSP/SOP the pooler reads position 0
+        # only, so a packed row's second pair would have no binary target.
         problems.append(f"{key} packs RoBERTa's rows: it needs model.objective mlm (got {m.objective}); "
-                        "megatron-core's BERT samples are sentence pairs for the NSP/SOP head")
-    if m.family == "albert":
-        problems.append(f"{key} is not implemented for model.family albert (its shared layer builds its own "
-                        "padding mask): set model.data.packing null")
+                        "megatron-core's BERT samples already hold one document each, filled to the length")
+    if m.family not in PACKING_FAMILIES:
+        problems.append(f"{key} is implemented for the BERT-shaped families ({', '.join(PACKING_FAMILIES[1:])}), "
+                        f"not model.family {m.family}: set model.data.packing null")
     if m.transformer_impl == "transformer_engine":
         problems.append(f"{key} needs model.transformer_impl local or auto: Transformer Engine's BERT spec takes "
                         "[b, 1, 1, s] padding masks, not a per-document block mask")
@@ -40,8 +46,9 @@ def finetune_packing_problems(m: Any, packing: bool) -> list[str]:
                         "packed rows are laid back out per example after the last layer, on one stage")
     if m.sequence_parallel:
         problems.append(f"{key} is not implemented with model.sequence_parallel: set one of them false")
-    if m.family == "albert":
-        problems.append(f"{key} is not implemented for model.family albert: set it false")
+    if m.family not in PACKING_FAMILIES:
+        problems.append(f"{key} is implemented for the BERT-shaped families ({', '.join(PACKING_FAMILIES[1:])}), "
+                        f"not model.family {m.family}: set it false")
     if m.transformer_impl == "transformer_engine":
         problems.append(f"{key} needs model.transformer_impl local or auto: Transformer Engine's BERT spec takes "
                         "[b, 1, 1, s] padding masks, not a per-example block mask")

@@ -154,7 +154,7 @@ def test_packed_resume_is_exact(runs):
 
 @pytest.mark.parametrize("extra, message", [
     (("model.objective=bert",), r"model.data.packing \(documents\) packs RoBERTa's rows: it needs model.objective "
-                                r"mlm \(got bert\)"),
+                                r"mlm \(got bert\); megatron-core.s BERT samples already hold one document each"),
     (("model.transformer_block_type=pre_ln", "model.transformer_impl=transformer_engine"),
      r"model.data.packing \(documents\) needs model.transformer_impl local or auto"),
 ])
@@ -165,3 +165,15 @@ def test_packing_refused_where_it_cannot_run(bpe_prefix, bpe_dir, tmp_path, extr
     rc, text = run_cli(["pretrain", "--config", str(TINY_ROBERTA), *over])
     assert rc == 2 and re.search(message, text), text
     assert not (tmp_path / "refused").exists()  # refused at config time: no run folder
+
+
+@pytest.mark.parametrize("family", ["albert", "modernbert"])
+def test_packing_refused_for_families_building_their_own_masks(family):
+    from bio_megatron.config.packing import finetune_packing_problems, packing_problems
+    from bio_megatron.config.pretrain import ModelConfig
+
+    m = ModelConfig(objective="mlm", family=family)
+    m.data.packing = "documents"
+    assert [p for p in packing_problems(m) if f"not model.family {family}" in p]
+    assert [p for p in finetune_packing_problems(m, True) if f"not model.family {family}" in p]
+    assert not packing_problems(ModelConfig(objective="mlm", family="roberta"))  # packing null: nothing to check
