@@ -153,13 +153,12 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
         origin = ckpt.unverified_origin(resume)
         log.info("resumed from %s at step %d", resume, step)
 
-    teacher_shape = teacher.config
     # the teacher's forward counts as a third of its training FLOPs (no backward)
     flops = (flops_per_sequence(m.shape(), m.encoder_seq_length, padded)
-             + flops_per_sequence(_shape_of(teacher_shape), m.encoder_seq_length, padded) / 3)
-    runlog = RunLogger(run_dir, world.rank == 0, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
-                       m.global_batch_size * flops, world.world_size, device_peak_tflops(dtype), t.max_steps,
-                       samples_per_step=m.global_batch_size,
+             + flops_per_sequence(_shape_of(teacher.config), m.encoder_seq_length, padded) / 3)
+    tokens = m.global_batch_size * m.encoder_seq_length
+    runlog = RunLogger(run_dir, world.rank == 0, e.create_tensorboard_logger, tokens, m.global_batch_size * flops,
+                       world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
                        trackers=open_trackers(cfg, run_dir, world.rank == 0, to_dict(cfg)))
     stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
