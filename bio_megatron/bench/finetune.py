@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import statistics
 import sys
 import tempfile
 import time
@@ -277,6 +278,8 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
         mean = sum(ts) / len(ts)
         res[name] = {"step_s": ts, "mean_step_s": mean, "examples_per_s": args.batch / mean}
     res["ratio_examples_per_s"] = res["ours"]["examples_per_s"] / res["transformers"]["examples_per_s"]
+    # on a shared CPU one slow step moves a mean: the ratio of median step times is the steadier figure
+    res["ratio_median_step"] = statistics.median(times["transformers"]) / statistics.median(times["ours"])
     return res
 
 
@@ -334,7 +337,7 @@ def summary_lines(res: dict) -> list[str]:
             out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}, "
                        f"{res['precision']}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
                        f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "
-                       f"{s['ratio_examples_per_s']:.2f}x")
+                       f"{s['ratio_examples_per_s']:.2f}x (of median steps: {s['ratio_median_step']:.2f}x)")
         if "epoch" in r:
             e = r["epoch"]
             out.append(f"finetune {task} epoch ({e['train_examples']} examples + {e['dev_examples']} dev, whole process): "

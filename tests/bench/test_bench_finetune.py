@@ -38,6 +38,7 @@ def test_bench_finetune_ner_step_and_epoch(tmp_path, capsys):
         assert len(step[side]["step_s"]) == 2 and step[side]["examples_per_s"] > 0
         assert epoch[side]["wall_s"] > 0 and epoch[side]["peak_rss_mib"] > 100  # a real process with torch in it
     assert abs(step["ratio_examples_per_s"] - step["ours"]["examples_per_s"] / step["transformers"]["examples_per_s"]) < 1e-9
+    assert step["ratio_median_step"] > 0
     assert epoch["train_examples"] == 8 and epoch["dev_examples"] == 4 and epoch["steps"] == 2  # the same data
     assert epoch["ours"]["train_seconds"] > 0  # our run finished and wrote results.json
     assert set(epoch["transformers"]["phases_s"]) == {"imports", "load", "data", "train", "dev", "save"}
