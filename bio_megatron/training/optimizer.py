@@ -86,7 +86,10 @@ def layerwise_overrides(cfg: OptimizerConfig, model_chunks: list, decay: float) 
         mult = decay ** (num_layers + 2 - depth)
         key = ParamKey(predicate=ParamPredicate(name=f"layerwise_lr_depth_{depth}",
                                                 fn=lambda p, ids=ids: id(p) in ids))
-        overrides[key] = {"max_lr": cfg.lr * mult, "min_lr": cfg.min_lr * mult, "lr_mult": mult}
+        # megatron orders the groups by their sorted override items: "layerwise_rank" sorts first, so group 0 (the
+        # rate the step line and metrics.jsonl report) is the head's, the configured model.optim.lr
+        overrides[key] = {"layerwise_rank": num_layers + 2 - depth, "max_lr": cfg.lr * mult,
+                          "min_lr": cfg.min_lr * mult, "lr_mult": mult}
     return overrides
 
 

@@ -46,7 +46,8 @@ def _layer_lrs(tp: int, pp: int) -> dict:
     scheduler.step(1)
     lrs_at_1 = _by_name(model, optimizer)
     scheduler.step(2)  # step 3: past the warm-up, into the linear decay
-    return {"stage": ps.get_pipeline_model_parallel_rank(), "at_1": lrs_at_1, "at_3": _by_name(model, optimizer)}
+    return {"stage": ps.get_pipeline_model_parallel_rank(), "at_1": lrs_at_1, "at_3": _by_name(model, optimizer),
+            "logged": optimizer.param_groups[0]["lr"]}
 
 
 def _by_name(model, optimizer) -> dict[str, float]:
@@ -80,6 +81,7 @@ def test_layerwise_lr_decay_gives_each_parameter_its_depths_rate(tp, pp):
             seen.add(round(mult, 12))
             if m := re.search(r"\.layers\.(\d+)\.", name):
                 seen_layers.add(int(m.group(1)) + r["stage"] * (LAYERS // pp))
+        assert r["logged"] == pytest.approx(LR * 7 / 8, rel=1e-12)  # the step line's lr: the head's, undecayed
     # every depth occurred: embeddings, the four global layers, the head
     assert seen_layers == set(range(LAYERS))
     assert len(seen) == LAYERS + 2
