@@ -99,6 +99,10 @@ class RobertaDataset:
             seg_tokens = np.array([min(int(lengths[a - s_beg:b - s_beg].sum()), seq_length - 2) + 2
                                    for a, b in self.segments], dtype=np.int64)
             self.blocks = pack_segments(seg_tokens, seq_length)
+            log.info("%s: %d whole-document segments packed into %d rows of %d (%.1f%% of the tokens real; one "
+                     "segment per row: %.1f%%)", name, len(seg_tokens), len(self.blocks), seq_length,
+                     100 * seg_tokens.sum() / (len(self.blocks) * seq_length),
+                     100 * seg_tokens.sum() / max(1, len(seg_tokens) * seq_length))
         else:
             self.blocks = pack_full_sentences(lengths, doc_starts, seq_length - 2) + s_beg
         if len(self.blocks) == 0:

@@ -3,7 +3,8 @@
 - On the tasks' real micro-batches (tiny recipes, fixture data, fp32, dropout off): packing puts several examples
   in a row, and the per-example logits (NER: every token; classification: each example's own [CLS]), the task loss
   and every parameter gradient equal the unpacked micro-batch's.
-- Whole NER and classification runs through the fine-tuning loop: packed losses and dev scores = unpacked.
+- Whole NER and classification runs through the fine-tuning loop: packed losses and dev scores = unpacked (NER
+  packed at TP2 too, extended).
 - Refusals at config time (pipeline parallelism).
 """
 
@@ -108,6 +109,18 @@ def test_packed_finetuning_run_equals_unpacked(name, tmp_path):
     print(f"{name}: packed vs unpacked max |loss diff| {worst:.2e}; dev {packed['dev']}")
     assert worst < 1e-5, (plain["losses"], packed["losses"])
     assert plain["dev"] == packed["dev"]  # the same predictions on every dev token
+
+
+@pytest.mark.extended  # two gloo ranks, two runs: 7 s on an idle 2-core machine, 30 s on a busy one
+def test_packed_ner_tp2_equals_unpacked_tp1(tmp_path):
+    over = [*QUIET, HEAD["ner"], "trainer.max_steps=3", "trainer.max_epochs=null", "trainer.val_check_interval=3",
+            "model.dataset.test_file=null", "model.micro_batch_size=4", "model.global_batch_size=8",
+            f"exp_manager.exp_dir={tmp_path}"]
+    plain = run_world(1, _finetune, "ner", [*over, "exp_manager.name=plain"])[0]
+    tp2 = run_world(2, _finetune, "ner", [*over, "exp_manager.name=tp2", "model.dataset.packing=true",
+                                          "model.tensor_model_parallel_size=2"])[0]
+    assert max(abs(a - b) for a, b in zip(plain["losses"], tp2["losses"])) < 1e-5, (plain["losses"], tp2["losses"])
+    assert tp2["dev"] == plain["dev"]
 
 
 def test_packing_refused_with_pipeline_parallelism(tmp_path):
