@@ -117,7 +117,10 @@ def layer_spec(m: ModelConfig) -> ModuleSpec:
                           "Transformer Engine's BERT spec fuses each LayerNorm into the next linear (pre-LN only)")
     if post_ln:
         return _with_sequence_parallel(m, post_ln_layer_spec(_local_spec(m, on_gpu)))
-    if impl == "transformer_engine" or (impl == "auto" and on_gpu and have_transformer_engine()):
+    # Packed rows need the per-document [b, 1, s, s] mask, which Transformer Engine's BERT spec does not take: auto
+    # then builds the local spec (SDPA on GPU); an explicit transformer_engine is refused at config time.
+    packed = getattr(m.data, "packing", None) or getattr(getattr(m, "dataset", None), "packing", False)
+    if impl == "transformer_engine" or (impl == "auto" and on_gpu and have_transformer_engine() and not packed):
         if not have_transformer_engine():
             raise ConfigError("model.transformer_impl=transformer_engine but Transformer Engine is not importable")
         from megatron.core.models.bert.bert_layer_specs import get_bert_layer_with_transformer_engine_spec
