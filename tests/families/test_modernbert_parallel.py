@@ -91,3 +91,26 @@ def test_pipeline_parallel_modernbert_is_refused_at_config_time(tmp_path):
     line = [ln for ln in text.splitlines() if "pipeline_model_parallel_size" in ln]
     assert len(line) == 1 and "modernbert" in line[0] and "one stage" in line[0], text
     assert not out.exists()
+
+
+def test_context_extension_continues_the_weights_at_a_longer_length_with_a_new_global_base(reference, pubmed_prefix):
+    """The context-extension step (modernbert_base_context_extension's keys at tiny scale): the step-10 weights
+    continue at twice the length (64) with the global RoPE base raised 10x; the weights load unchanged (rotary: no
+    position table), so the first loss is the trained model's, well below a fresh one's (~10.3)."""
+    from bio_megatron.config.pretrain import load_pretrain_config
+
+    root, ref = reference
+    last = root / "tp1" / "checkpoints" / f"iter_{STEPS // 2:07d}"
+    assert last.is_dir(), sorted(p.name for p in last.parent.iterdir())
+    over = overrides(pubmed_prefix, root, "extended", steps=2, extra=(
+        f"model.restore_from_path={last}", "model.encoder_seq_length=64", "model.global_rope_theta=1600000.0"))
+    (res,) = run_world(1, modernbert_rank, over)
+    got = losses(root / "extended")
+    assert res["status"] == "finished" and sorted(got) == [1, 2], got
+    assert got[1] < ref[1] - 0.3, (got, ref[1])
+    recipes = {n: load_pretrain_config(RECIPE.with_name(f"{n}.yaml"), [f"model.restore_from_path={last}"]).model
+               for n in ("modernbert_base", "modernbert_base_context_extension")}
+    one, two = recipes["modernbert_base"], recipes["modernbert_base_context_extension"]
+    assert (one.encoder_seq_length, one.global_rope_theta) == (1024, 10000.0)
+    assert (two.encoder_seq_length, two.global_rope_theta, two.local_rope_theta) == (8192, 160000.0, 10000.0)
+    assert two.require_restore_from_path
