@@ -167,7 +167,7 @@ def test_packing_refused_where_it_cannot_run(bpe_prefix, bpe_dir, tmp_path, extr
     assert not (tmp_path / "refused").exists()  # refused at config time: no run folder
 
 
-@pytest.mark.parametrize("family", ["albert", "modernbert"])
+@pytest.mark.parametrize("family", ["albert"])
 def test_packing_refused_for_families_building_their_own_masks(family):
     from bio_megatron.config.packing import finetune_packing_problems, packing_problems
     from bio_megatron.config.pretrain import ModelConfig
