@@ -232,4 +232,23 @@ def test_finetune_sbatch_rejects_an_unknown_task():
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     res = subprocess.run(["bash", "slurm/finetune.sbatch"], cwd=REPO, env={**base, "TASK": "pos"},
                          capture_output=True, text=True, timeout=30)
-    assert res.returncode == 2 and "TASK must be ner, re or qa, got 'pos'" in res.stderr, res.stderr
+    assert res.returncode == 2 and "TASK must be ner, re, qa or classify, got 'pos'" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("task", ["ner", "re", "qa", "classify"])
+def test_finetune_sbatch_accepts_every_finetune_task(task, tmp_path):
+    """Every ``bio-megatron finetune`` task passes the script's task check (TASK=classify was refused): outside a
+    job the script then stops at the next check, the SLURM one."""
+    import argparse
+
+    from bio_megatron.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> dict:
+        return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+    assert task in commands(commands(build_parser())["finetune"])  # the tasks the CLI has
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    res = subprocess.run(["bash", "slurm/finetune.sbatch"], cwd=REPO, env={**base, "TASK": task,
+                         "EXP_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=30)
+    assert res.returncode != 0 and "not inside a SLURM job" in res.stderr, res.stderr
+    assert "TASK must be" not in res.stderr
