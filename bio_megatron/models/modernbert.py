@@ -51,6 +51,7 @@ from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.attention import is_packed, packed_attention_mask, packed_position_ids
 from bio_megatron.models.bert import mask_padded_vocab, transformer_config
 from bio_megatron.utils.errors import ConfigError
 
@@ -102,9 +103,14 @@ class RopeSelfAttention(SelfAttention):
                  global_every: int = 1, **kwargs):
         super().__init__(config, submodules, layer_number, *args, **kwargs)
         self.rope_base = float(rope_bases[0] if is_global_layer(self.layer_number, global_every) else rope_bases[1])
+        self.positions: torch.Tensor | None = None
+        """[b, s] position ids restarting per packed document, set by the model for a packed batch (else None:
+        0 .. s-1 in every row)."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
         table = rope_table(hidden_states.shape[0], self.config.kv_channels, self.rope_base, hidden_states.device)
+        if self.positions is not None:  # [s, 1, 1, d] -> each row's own positions: [s, b, 1, d]
+            table = table[:, 0, 0][self.positions.t()].unsqueeze(2)
         kwargs["rotary_pos_emb"] = (table, table)
         return super().forward(hidden_states, attention_mask, **kwargs)
 
@@ -215,9 +221,15 @@ class ModernBertModel(MegatronModule):
         return sd
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The final-normed hidden states [s, b, H]."""
-        return self.encoder(hidden_states=self.embedding(input_ids=input_ids),
-                            attention_mask=attention_mask_for(attention_mask))
+        """The final-normed hidden states [s, b, H]. A packed batch (``data/packing.py``: the padding mask numbers
+        each row's documents) attends within each document only, with rotary positions restarting per document."""
+        packed = is_packed(attention_mask)
+        positions = packed_position_ids(attention_mask) if packed else None
+        for module in self.encoder.modules():
+            if isinstance(module, RopeSelfAttention):
+                module.positions = positions
+        mask = packed_attention_mask(attention_mask) if packed else attention_mask_for(attention_mask)
+        return self.encoder(hidden_states=self.embedding(input_ids=input_ids), attention_mask=mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokentype_ids: torch.Tensor | None = None,
                 lm_labels: torch.Tensor | None = None):

@@ -248,3 +248,38 @@ def test_unsupported_attention_pattern_is_refused_in_one_line(tmp_path):
     assert rc == 2 and len(text.splitlines()) == 1, text
     assert "config.json" in text and "layer_types" in text and "[0, 1, 3]" in text, text
     assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
+
+
+def _packed_vs_separate(ckpt: str) -> dict:
+    """Two documents (lengths 13 and 11) packed into one row (padding mask 1 ... 2 ... 0, as data/packing.py numbers
+    them) vs each alone in its own padded row: the MLM logits of every real token."""
+    import torch
+
+    from bio_megatron.interchange.verify import load_pretraining
+
+    model, _, tok = load_pretraining(ckpt)
+    ids, _ = _batch(tok.vocab_size)
+    a, b = ids[0, :13], ids[1, :11]
+    packed = torch.zeros(1, SEQ, dtype=torch.long)
+    packed[0, :24] = torch.cat([a, b])
+    segments = torch.zeros(1, SEQ, dtype=torch.long)
+    segments[0, :13], segments[0, 13:24] = 1, 2
+    alone = torch.zeros(2, SEQ, dtype=torch.long)
+    alone[0, :13], alone[1, :11] = a, b
+    mask = (alone > 0).long()
+    mask[0, :13], mask[1, :11] = 1, 1
+    with torch.no_grad():
+        together = model(packed, segments)[0][0, :24, :tok.vocab_size]
+        apart = model(alone, mask)[0]
+    apart = torch.cat([apart[0, :13], apart[1, :11]])[:, :tok.vocab_size]
+    return {"diff": float((together - apart).abs().max()), "scale": float(apart.abs().max())}
+
+
+def test_packed_documents_do_not_attend_across(modernbert):
+    """A packed row (block-diagonal attention; rotary positions restart per document, though rotary scores depend
+    on distances only) gives each document's tokens the logits they have alone: rows from data/packing.py would
+    train ModernBERT without cross-document attention (its config still refuses model.data.packing:
+    config/packing.py)."""
+    root, _ = modernbert
+    (res,) = run_world(1, _packed_vs_separate, str(root / "ckpt"))
+    assert res["scale"] > 1.0 and res["diff"] < 1e-4, res
