@@ -82,6 +82,7 @@ def test_bench_predict_tiny(tmp_path, capsys):
     (["finetune", "--ner-train", "/nonexistent/train.tsv"], "/nonexistent/train.tsv"),
     (["finetune", "--limit", "8"], "give --ner-train FILE and/or --classify-train FILE"),
     (["finetune", "--ner-train", str(NER_TRAIN), "--batch", "0", "--threads", "0"], "--batch must be >= 1, got 0"),
+    (["finetune", "--ner-train", str(NER_TRAIN), "--epoch-rounds", "0"], "--epoch-rounds must be >= 1, got 0"),
     (["finetune", "--ner-train", str(NER_TRAIN), "--limit", "4", "--batch", "8"], "--batch (8) exceeds --limit (4)"),
     (["predict", "--text", "/nonexistent/s.txt"], "/nonexistent/s.txt"),
     (["predict", "--iob", str(NER_DEV), "--limit", "0"], "--limit must be >= 1, got 0"),
