@@ -89,6 +89,8 @@ class Cell:
 
     @property
     def run_dir(self) -> Path:
+        if self.dataset.folds:  # cross_validate's summary of every fold (benchmark/kfold.py) under exp_dir/name
+            return self.dir / "run"
         return self.dir / "run" / f"seed{self.seed}"  # run_sweep's layout under exp_dir/name
 
     @property
@@ -100,7 +102,8 @@ class Cell:
         return self.run_dir / "checkpoints"
 
     def finetune_args(self) -> list[str]:
-        return ["finetune", self.task, "--config", self.recipe, *self.overrides]
+        folds = ["--folds", self.dataset.folds] if self.dataset.folds else []
+        return ["finetune", self.task, "--config", self.recipe, *folds, *self.overrides]
 
 
 @dataclass

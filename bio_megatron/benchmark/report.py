@@ -10,6 +10,7 @@ numbers go to ``results.csv`` and ``results.tex`` (benchmark/tables.py) with per
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from bio_megatron.benchmark.stats import blurb_score, select_point, spread, task_type_averages
@@ -129,6 +130,14 @@ def build_results(suite: Suite, manifest: dict, cells: list[dict], model: dict |
            "model_facts": model, "seeds": opts["seeds"], "runs": runs, "grid": opts["grid"], "options": opts,
            "scale": "0-100", "cells_total": len(cells), "cells": [_cell_row(c) for c in cells],
            **{f"cells_{s}": n for s, n in counts.items()}, "datasets": datasets}
+    if suite.means:  # the publication's group means over each dataset's headline (bio-lm: of the medians)
+        head = {r["key"]: r["stats"][r["metric"]][suite.statistic] if r.get("stats", {}).get(r["metric"]) else None
+                for r in datasets}
+        out["statistic"] = suite.statistic
+        out["group_means"] = [{"name": name, "mean": statistics.fmean(head[k] for k in keys if head[k] is not None)
+                               if any(head[k] is not None for k in keys) else None,
+                               "datasets": [k for k in keys if head[k] is not None],
+                               "missing": [k for k in keys if head[k] is None]} for name, keys in suite.means]
     if suite.blurb_score:
         means = {r["key"]: r["stats"][r["metric"]]["mean"] if r.get("stats", {}).get(r["metric"]) else None
                  for r in datasets}
@@ -218,6 +227,24 @@ def paper_markdown(res: dict) -> str:
     return "\n".join(lines + [""] + _problems(res)).rstrip("\n") + "\n"
 
 
+def median_markdown(res: dict) -> str:
+    """bio-lm's layout: each task's median over seeds (its Table 2), then its group means (Tables 3-4) over the
+    medians, each saying which tasks it lacks."""
+    lines = _header(res) + ["| Task | Type | Metric | Median | Mean ± s.d. | Seeds |", "|---|---|---|---|---|---|"]
+    for r in res["datasets"]:
+        s = (r.get("stats") or {}).get(r["metric"])
+        median, spread_ = (f"**{s['median']:.2f}**", _value(s, False)) if s else (_why(r), "")
+        lines.append(f"| {r['title']} | {r['group']} | {r['metric_name']} | {median} | {spread_} | "
+                     f"{len(r.get('seeds', []))} |")
+    titles = {r["key"]: r["title"] for r in res["datasets"]}
+    for g in res.get("group_means") or []:
+        note = f" (without {', '.join(titles[k] for k in g['missing'])})" if g["missing"] and g["mean"] is not None \
+            else ""
+        value = f"**{g['mean']:.2f}**" if g["mean"] is not None else "n/a"
+        lines.append(f"| *{g['name']}*{note} | | mean of the medians | {value} | | |")
+    return "\n".join(lines + [""] + _problems(res)).rstrip("\n") + "\n"
+
+
 def _header(res: dict) -> list[str]:
     o = res["options"]
     extra = [f"--max-examples {o['max_examples']} (a random sample, seed {o.get('sample_seed', 'none: the first rows')})"
@@ -279,7 +306,8 @@ def write_report(out: Path, name: str | None = None, plots: bool = True) -> dict
         res["plots"] = write_plots(res, out / "plots")
     write_json_atomic(out / "results.json", res)
     with atomic_open(out / "results.md", "w", encoding="utf-8") as fh:
-        fh.write(blurb_markdown(res) if suite.blurb_score else paper_markdown(res))
+        fh.write(blurb_markdown(res) if suite.blurb_score else median_markdown(res) if suite.statistic == "median"
+                 else paper_markdown(res))
     with atomic_open(out / "results.csv", "w", encoding="utf-8", newline="") as fh:
         fh.write(results_csv(res))
     with atomic_open(out / "results.tex", "w", encoding="utf-8") as fh:

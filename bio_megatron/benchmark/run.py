@@ -53,6 +53,10 @@ def score(cell: Cell, plan: Plan) -> dict:
     """The cell record from the run's ``results.json`` (and the evaluator, where the dataset has one)."""
     d = cell.dataset
     res = load_json(cell.run_dir / "results.json")
+    if res.get("protocol") == "k-fold":  # the median over the reported folds; dev: the tuning fold's (kfold.py)
+        tuning = next((r for r in res["folds"] if r["tuning"]), {})
+        res = {**res, d.split: {res["metric"]: res["test"]["median"]} if res.get("test") else None,
+               "dev": {res["metric"]: tuning.get("dev")}}
     raw = res.get(d.split)
     if not raw:
         raise DataError(f"the run reported no {d.split} scores (model.dataset.{d.split}_file unset?)",

@@ -9,7 +9,7 @@ task-type names are BLURB's own (microsoft.github.io/BLURB); column names are th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 PERCENT, FRACTION = 1.0, 100.0  # factor to the tables' 0-100 scale
 PRF = (("precision", "Prec"), ("recall", "Rec"), ("f1", "F1"))
@@ -50,6 +50,9 @@ class Dataset:
     needs_predictions: bool = False
     """The headline exists only through ``evaluator`` on the run's test predictions (EBM PICO's word-level F1
     is not the entity F1 the NER run computes)."""
+    folds: str | None = None
+    """``finetune --folds`` (k-fold cross-validation, benchmark/kfold.py): the cell's score is the median test score
+    over the folds after the first (bio-lm's GAD and EU-ADR: ``1-10``)."""
     after: str | None = None
     """Prerequisite dataset of the same suite: each cell continues from that dataset's checkpoint of the same
     seed and head-grid point (BioASQ after SQuAD)."""
@@ -77,6 +80,11 @@ class Suite:
     """Sweep the recipes' head grid (``grid.num_fc_layers`` x ``grid.fc_hidden_size``) and select on dev."""
     blurb_score: bool = False
     """Report task-type averages and their macro average (the BLURB score)."""
+    statistic: str = "mean"
+    """What a dataset's row reports over its seeds: "mean" (BLURB, the BioMegatron paper) or "median" (bio-lm)."""
+    means: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """(name, dataset keys) of the group means a publication reports over the datasets' headline scores (bio-lm's
+    Tables 3-4: sequence labelling, classification, PubMed, clinical, all); groups may overlap."""
 
     def dataset(self, key: str) -> Dataset:
         return next(d for d in self.datasets if d.key == key)
@@ -150,4 +158,85 @@ PAPER = Suite(
                       "7B_golden.json"),
     ))
 
-SUITES = {s.name: s for s in (BLURB, PAPER)}
+# bio-lm (Lewis et al. 2020, ../shared/papers/004): 18 tasks in its Table 1 order (read column by column), 5 seeds, the
+# MEDIAN test score (§5.2), the group means of its Tables 3-4. A task runs its nemo_configs/<task>/biolm/ recipe where
+# one exists, else its dataset recipe with the §5.2 protocol as overrides (the classification lr is printed 0.002;
+# 2e-5 as paper 000's reproduction of bio-lm, docs/RECIPES.md).
+SEQ, CLS = "Sequence labelling", "Classification"
+_BIOLM_SEQ = ("model.optim.lr=1e-5", "model.micro_batch_size=32", "model.global_batch_size=32", "trainer.max_epochs=20",
+              "trainer.val_check_interval=500")  # paper 004 §5.2
+_BIOLM_CLS = ("model.optim.lr=2e-5", "model.micro_batch_size=16", "model.global_batch_size=16", "trainer.max_epochs=10",
+              "trainer.val_check_interval=200", "exp_manager.create_early_stopping_callback=true")  # paper 004 §5.2
+_N2C2 = ("an n2c2 (i2b2) data use agreement through the DBMI Data Portal, portal.dbmi.hms.harvard.edu: unpack the "
+         "release and point model.dataset.data_dir at it (--recipe-map)")
+_BIOBERT = "BioBERT's datasets (github.com/dmis-lab/biobert, download.sh)"
+_PHYSIONET = "PhysioNet credentialed access (MIMIC-III training and data use agreement)"
+
+
+def _biolm(key: str, title: str, group: str, task: str, plain: str, needs: str, metric: str = "f1",
+           metric_name: str = "F1", scale: float = PERCENT, folds: str | None = None, extra: tuple = ()) -> Dataset:
+    proto = _BIOLM_SEQ if group == SEQ else _BIOLM_CLS + (
+        "exp_manager.early_stopping_callback_params.monitor=" + ("val_f1" if task == "re" else "val_score"),)
+    return Dataset(key, title, group, task, f"biolm/{key}", metric, metric_name, scale, folds=folds, needs=needs,
+                   fallback=(plain, (*extra, *proto)))
+
+
+BIOLM_CLINICAL = ("i2b2_2010", "i2b2_2012", "i2b2_2014", "i2b2_2010_re", "mednli")  # paper 004 Table 4
+BIOLM = Suite(
+    name="biolm", title="bio-lm (Lewis et al., 2020)", version=1, groups=(SEQ, CLS), runs=5, statistic="median",
+    datasets=(
+        _biolm("bc5cdr_chem", "BC5CDR-C.", SEQ, "ner", "bc5cdr_chem", f"{_SHARED}/ner/BC5CDR-chem"),
+        _biolm("bc5cdr_disease", "BC5CDR-D.", SEQ, "ner", "bc5cdr_disease", f"{_SHARED}/ner/BC5CDR-disease"),
+        _biolm("jnlpba", "JNLPBA", SEQ, "ner", "jnlpba", f"{_SHARED}/blurb/JNLPBA"),
+        _biolm("ncbi_disease", "NCBI-disease", SEQ, "ner", "ncbi_disease", f"{_SHARED}/ner/NCBI-disease"),
+        _biolm("bc4chemd", "BC4CHEMD", SEQ, "ner", "bc4chemd", f"{_BIOBERT}: datasets/NER/BC4CHEMD"),
+        _biolm("bc2gm", "BC2GM", SEQ, "ner", "_base", f"{_SHARED}/ner/BC2GM",
+               extra=("name=bc2gm", f"model.dataset.data_dir={_SHARED}/ner/BC2GM")),
+        _biolm("linnaeus", "LINNAEUS", SEQ, "ner", "linnaeus", f"{_BIOBERT}: datasets/NER/linnaeus"),
+        _biolm("species_800", "Species-800", SEQ, "ner", "species_800", f"{_BIOBERT}: datasets/NER/s800"),
+        _biolm("i2b2_2010", "I2B2-2010", SEQ, "ner", "i2b2_2010", f"i2b2 2010 concepts: {_N2C2}"),
+        _biolm("i2b2_2012", "I2B2-2012", SEQ, "ner", "i2b2_2012", f"i2b2 2012 temporal relations: {_N2C2}"),
+        _biolm("i2b2_2014", "I2B2-2014", SEQ, "ner", "i2b2_2014", f"i2b2 2014 de-identification: {_N2C2}"),
+        _biolm("hoc", "HOC", CLS, "classify", "hoc", f"{_SHARED}/blurb/HoC", "score", "F1", FRACTION),
+        _biolm("chemprot", "ChemProt", CLS, "re", "chemprot", f"{_SHARED}/re/chemprot-original", scale=FRACTION),
+        _biolm("gad", "GAD", CLS, "classify", "gad_folds", f"{_BIOBERT}: datasets/RE/GAD/1..10", "score", "F1",
+               FRACTION, folds="1-10"),
+        _biolm("euadr", "EU-ADR", CLS, "classify", "euadr", f"{_BIOBERT}: datasets/RE/euadr/1..10", "score", "F1",
+               FRACTION, folds="1-10"),
+        _biolm("ddi", "DDI-2013", CLS, "classify", "ddi", f"{_SHARED}/blurb/DDI", "score", "Micro F1", FRACTION),
+        _biolm("i2b2_2010_re", "I2B2-2010-RE", CLS, "re", "i2b2_2010_re",
+               f"BLUE's i2b2-2010 relation files (github.com/ncbi-nlp/BLUE_Benchmark) made from the release: {_N2C2}",
+               scale=FRACTION),
+        _biolm("mednli", "MedNLI", CLS, "classify", "mednli",
+               f"MedNLI: {_PHYSIONET}, physionet.org/content/mednli (mli_{{train,dev,test}}_v1.jsonl)", "score",
+               "Accuracy", FRACTION),
+    ))
+_seq = tuple(d.key for d in BIOLM.datasets if d.group == SEQ)
+BIOLM = replace(BIOLM, means=(
+    ("Mean (Seq. Lab.)", _seq), ("Mean (Classif.)", tuple(d.key for d in BIOLM.datasets if d.group == CLS)),
+    ("Mean (PubMed)", tuple(d.key for d in BIOLM.datasets if d.key not in BIOLM_CLINICAL)),
+    ("Mean (Clinical)", BIOLM_CLINICAL), ("Mean (all)", tuple(d.key for d in BIOLM.datasets))))
+
+# BioELECTRA's clinical tasks (Kanakarajan et al. 2021, ../shared/papers/002 Table 4): 5 runs each, the average
+# reported; the per-task values of its Table 7 are the bioelectra/ recipes (a dataset recipe where none exists yet).
+CLINICAL = "Clinical (BLUE)"
+BLUE_CLINICAL = Suite(
+    name="blue-clinical", title="BLUE clinical tasks (BioELECTRA, Kanakarajan et al., 2021)", version=1,
+    groups=(CLINICAL,), runs=5,
+    datasets=(
+        Dataset("mednli", "MedNLI", CLINICAL, "classify", "bioelectra/mednli", "score", "Accuracy", FRACTION,
+                fallback=("mednli", ()),
+                needs=f"MedNLI: {_PHYSIONET}, physionet.org/content/mednli (mli_{{train,dev,test}}_v1.jsonl)"),
+        Dataset("i2b2_2010_re", "i2b2-2010 (relations)", CLINICAL, "re", "bioelectra/i2b2_2010_re", "f1", "Micro F1",
+                FRACTION, PRF, fallback=("i2b2_2010_re", ()),
+                needs=f"BLUE's i2b2-2010 relation files (github.com/ncbi-nlp/BLUE_Benchmark) made from the release: "
+                      f"{_N2C2}"),
+        Dataset("share_clefe", "ShARe/CLEFE", CLINICAL, "ner", "bioelectra/share_clefe", "f1", "F1", PERCENT, PRF,
+                fallback=("share_clefe", ()),
+                needs=f"ShARe/CLEF eHealth 2013 task 1: {_PHYSIONET}, physionet.org/content/shareclefehealth2013"),
+        Dataset("clinicalsts", "ClinicalSTS", CLINICAL, "classify", "bioelectra/clinicalsts", "score", "Pearson",
+                FRACTION, fallback=("clinicalsts", ()),
+                needs=f"ClinicalSTS (n2c2 2019 track 1): {_N2C2}"),
+    ))
+
+SUITES = {s.name: s for s in (BLURB, PAPER, BIOLM, BLUE_CLINICAL)}

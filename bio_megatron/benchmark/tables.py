@@ -144,3 +144,27 @@ def write_plots(res: dict, folder: Path) -> list[str]:
             plt.close(fig)
             written.append(f"{folder.name}/{r['key']}.png")
     return written
+
+
+def steps_plot(summary: dict, titles: dict[str, tuple[str, str]], path: Path, name: str | None = None) -> None:
+    """One PNG: each dataset's headline score (0-100) against the pretraining step of the checkpoint it was
+    fine-tuned from (the BioMegatron paper's Table 5 as a plot); steps without a finished cell are gaps."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
+    for key in summary["datasets"]:
+        pts = [(r["step"], r["scores"][key]) for r in summary["steps"] if r["scores"].get(key) is not None]
+        if pts:
+            ax.plot([s for s, _ in pts], [v for _, v in pts], marker="o", label=f"{titles[key][0]} ({titles[key][1]})")
+    ax.set_xlabel("pretraining step")
+    ax.set_ylabel(f"score (0-100, {summary['statistic']} over seeds)")
+    ax.set_title(f"{summary['title']}: {name or Path(summary['model']).name}", fontsize=9)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
+    plt.close(fig)

@@ -27,7 +27,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     suites = p.add_subparsers(dest="suite", metavar="SUITE", required=True)
     for name, what in (("blurb", "BLURB: 13 datasets, 6 task types, the BLURB score"),
                        ("paper", "BioMegatron's Tables 1-2: BC5CDR-chem/-disease, NCBI-disease, ChemProt (P/R/F1); "
-                                 "SQuAD v1.1 -> BioASQ-7b factoid (SAcc/LAcc/MRR)")):
+                                 "SQuAD v1.1 -> BioASQ-7b factoid (SAcc/LAcc/MRR)"),
+                       ("biolm", "bio-lm's 18 tasks (Lewis et al. 2020, Table 1 order) with its protocol: 5 seeds, "
+                                 "the median, GAD/EU-ADR by 10-fold cross-validation, its Tables 3-4 group means"),
+                       ("blue-clinical", "BioELECTRA's four clinical tasks: MedNLI, i2b2-2010 relations, ShARe/CLEFE, "
+                                         "ClinicalSTS")):
         s = suites.add_parser(name, help=what, description=what)
         s.epilog = ("exit codes: 0 every cell done or missing; 1 a cell failed (the others ran); 2 bad input or "
                     "another suite runs in --out; 75 stopped by SIGTERM/SIGUSR1 (rerun to continue)")
@@ -89,20 +93,46 @@ def _suite_args(args: argparse.Namespace, opts, out: Path) -> list[str]:
 
 
 def run_suite(args: argparse.Namespace) -> int:
+    from bio_megatron.benchmark.launch import EX_INTERRUPTED
+    from bio_megatron.benchmark.steps import checkpoint_steps, step_folder, write_steps_report
+    from bio_megatron.benchmark.suites import SUITES
+
+    _check(args)
+    suite = SUITES[args.suite]
+    model = os.path.abspath(args.model)
+    name = Path(model).name.removesuffix(".nemo") or "model"
+    out = Path(os.path.abspath(args.out or f"runs/benchmark/{suite.name}-{name}"))
+    steps = checkpoint_steps(Path(model))
+    if len(steps) < 2:
+        return _run_one(args, suite, model, out)
+    # a pretraining run with several saved checkpoints: the suite once per checkpoint (the paper's Table 5)
+    if args.cell is not None:
+        raise ConfigError(f"--cell: {model} holds {len(steps)} checkpoints, each its own suite under "
+                          f"{out / 'steps'}: give one checkpoint as --model and its folder as --out")
+    if args.dry_run:
+        sys.stdout.write(f"benchmark {suite.name}: {len(steps)} checkpoints of {model} (steps "
+                         f"{', '.join(str(s) for s, _ in steps)}), one suite each under {out / 'steps'}\n")
+    rc = 0
+    for step, ckpt in steps:
+        rc = max(rc, _run_one(args, suite, str(ckpt), step_folder(out, step)))
+        if rc == EX_INTERRUPTED:
+            return rc
+    if not args.dry_run and args.launcher != "slurm":
+        summary = write_steps_report(out)
+        sys.stdout.write(f"scores against steps: {out / 'steps.md'}, plot {out / summary['plot']}\n")
+    return rc
+
+
+def _run_one(args: argparse.Namespace, suite, model: str, out: Path) -> int:
+    """The suite for one model into one suite folder (the whole command, for one checkpoint)."""
     from bio_megatron.benchmark import slurm
     from bio_megatron.benchmark.folder import differences, model_kind, open_suite, restore_path
     from bio_megatron.benchmark.launch import Launcher
     from bio_megatron.benchmark.plan import Options, build_plan, load_recipe_map, select_datasets
     from bio_megatron.benchmark.run import done, require_available, run_cells
-    from bio_megatron.benchmark.suites import SUITES
     from bio_megatron.utils.lock import exclusive_lock
 
-    _check(args)
-    suite = SUITES[args.suite]
-    model = os.path.abspath(args.model)
     kind = model_kind(model)
-    name = Path(model).name.removesuffix(".nemo") or "model"
-    out = Path(os.path.abspath(args.out or f"runs/benchmark/{suite.name}-{name}"))
     datasets = select_datasets(suite, args.datasets.split(",") if args.datasets else None)
     seeds = parse_seeds(args.seeds)  # given: every dataset runs them all; else each its publication's runs
     opts = Options(suite.name, model, datasets, tuple(seeds or suite.seeds),
@@ -148,9 +178,15 @@ def run_suite(args: argparse.Namespace) -> int:
 
 
 def run_report(args: argparse.Namespace) -> int:
-    from bio_megatron.benchmark.report import write_report
+    from bio_megatron.benchmark.report import MANIFEST, write_report
+    from bio_megatron.benchmark.steps import STEPS, write_steps_report
 
     out = Path(args.dir)
+    if not (out / MANIFEST).is_file() and (out / STEPS).is_dir():  # a suite per pretraining checkpoint
+        summary = write_steps_report(out, name=args.name)
+        sys.stdout.write(f"{out / 'steps.json'}, {out / 'steps.md'}, {out / 'steps.png'}: "
+                         f"{len(summary['steps'])} checkpoint(s)\n")
+        return 0
     res = write_report(out, name=args.name)
     score = res.get("blurb_score")
     files = ", ".join(str(out / f"results.{ext}") for ext in ("json", "md", "csv", "tex"))
