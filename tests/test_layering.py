@@ -1,6 +1,7 @@
 """The package layering of docs/ARCHITECTURE.md, enforced: every ``bio_megatron`` import (module level, inside
 functions, under ``TYPE_CHECKING``), parsed with ``ast``, goes to its own unit or to a lower layer, and the units
-import each other without cycles. Failures name the importing file and line.
+import each other without cycles; nor do the files (modules), and no module imports another's private names
+(``from x import _y``). Failures name the importing file and line.
 
 Cheap (parses ~150 files, imports nothing of the project), so it runs in the default suite.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -20,12 +22,14 @@ ROOT = Path(__file__).resolve().parents[1] / "bio_megatron"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("version", ("bio_megatron",)),
     ("utils", ("utils",)),
-    ("foundations", ("config", "parallel", "evaluation", "vocab")),  # vocab: the tokenizers
+    ("foundations", ("config", "parallel", "evaluation", "vocab",    # vocab: the tokenizers
+                     "formats.saved")),                              # our checkpoints' config.yaml, read
     ("corpus", ("corpus",)),                                         # reads corpora, encodes with a vocab
     ("engine parts", ("models", "data", "vocab.train", "vocab.stats")),  # vocab building reads corpora
     ("families", ("families",)),                                     # encoder families: HF names, models built
     ("training", ("training",)),
     ("loading", ("loading",)),
+    ("formats", ("formats",)),                                       # our checkpoints read at TP1
     ("tasks", ("tasks",)),
     ("predict", ("predict",)),
     ("converters", ("interchange",)),
@@ -120,20 +124,8 @@ def _known(e: Edge, known: dict) -> bool:
     return any(e.file == f and (e.module == m or e.module.startswith(m + ".")) for f, m in known)
 
 
-def violations(root: Path, layers=LAYERS, known: dict = KNOWN_UPWARD) -> list[str]:
-    """Upward imports and cycles between units, one line each naming file and line."""
-    ranks = _rank(layers)
-    edges, problems = collect(root, layers)
-    edges = [e for e in edges if not _known(e, known)]
-    names = [name for name, _ in layers]
-    problems += [f"{e}: upward import, layer {names[ranks[e.src]]!r} below {names[ranks[e.dst]]!r}"
-                 for e in edges if ranks[e.dst] > ranks[e.src]]
-    problems += [f"{e}: sibling import within layer {names[ranks[e.src]]!r}"
-                 for e in edges if ranks[e.dst] == ranks[e.src]]
-    # Cycles between units (Tarjan's strongly connected components), whatever the layer table says.
-    graph: dict[str, set[str]] = {}
-    for e in edges:
-        graph.setdefault(e.src, set()).add(e.dst)
+def strongly_connected(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The cycles of a directed graph: its strongly connected components of more than one node (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -144,7 +136,7 @@ def violations(root: Path, layers=LAYERS, known: dict = KNOWN_UPWARD) -> list[st
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in graph.get(v, ()):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -164,6 +156,24 @@ def violations(root: Path, layers=LAYERS, known: dict = KNOWN_UPWARD) -> list[st
     for v in sorted(graph):
         if v not in index:
             visit(v)
+    return comps
+
+
+def violations(root: Path, layers=LAYERS, known: dict = KNOWN_UPWARD) -> list[str]:
+    """Upward imports and cycles between units, one line each naming file and line."""
+    ranks = _rank(layers)
+    edges, problems = collect(root, layers)
+    edges = [e for e in edges if not _known(e, known)]
+    names = [name for name, _ in layers]
+    problems += [f"{e}: upward import, layer {names[ranks[e.src]]!r} below {names[ranks[e.dst]]!r}"
+                 for e in edges if ranks[e.dst] > ranks[e.src]]
+    problems += [f"{e}: sibling import within layer {names[ranks[e.src]]!r}"
+                 for e in edges if ranks[e.dst] == ranks[e.src]]
+    # Cycles between units, whatever the layer table says.
+    graph: dict[str, set[str]] = {}
+    for e in edges:
+        graph.setdefault(e.src, set()).add(e.dst)
+    comps = strongly_connected(graph)
     for comp in comps:
         inside = [str(e) for e in edges if e.src in comp and e.dst in comp]
         problems.append(f"import cycle between {sorted(comp)}: " + "; ".join(inside))
@@ -221,3 +231,140 @@ def test_checker_fails_on_bad_trees(tmp_path, files, expected):
     assert len(problems) == len(expected), problems
     for want in expected:
         assert any(want in p for p in problems), (want, problems)
+
+
+# --- file-level cycles and private names ------------------------------------------------------------------
+# Import cycles between two files (modules) of the package that remain, each with why. Every entry must still
+# be a cycle (a broken one fails test_known_file_cycles_still_exist until removed), so the list only shrinks.
+KNOWN_FILE_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"config.nemo_compat", "config.nemo_lightning"}):
+        "nemo_lightning types its key table with nemo_compat._Doc under TYPE_CHECKING; nemo_compat maps the "
+        "Lightning keys with it (config/ is another helper's area this session)",
+    frozenset({"bench.hf_process", "bench.pretrain"}):
+        "the HF child process calls bench.pretrain.hf_step, which the parent also runs (bench/ not in this change)",
+    frozenset({"cli.evaluate", "cli.evaluate_blurb"}):
+        "evaluate registers evaluate_blurb's subcommands, which print with evaluate.emit (cli/evaluate* not in "
+        "this change)",
+}
+
+# ``from <another module> import _private`` that remain, (importing file, module._name) -> why; shrinks only.
+KNOWN_PRIVATE: dict[tuple[str, str], str] = {
+    ("bio_megatron/bench/pretrain.py", "bio_megatron.training.pretrain._to_device"):
+        "training/ is another helper's area this session; to be made public there",
+    ("bio_megatron/config/nemo_lightning.py", "bio_megatron.config.nemo_compat._Doc"):
+        "the type of the key table (TYPE_CHECKING only); config/ is another helper's area this session",
+    ("bio_megatron/training/distill.py", "bio_megatron.training.pretrain._diverged"):
+        "distillation reuses pretraining's divergence guard; training/ is another helper's area this session",
+    ("bio_megatron/training/distill.py", "bio_megatron.training.pretrain._to_device"):
+        "as _diverged",
+}
+
+
+def _dotted(module: str) -> str:
+    return module.split(".", 1)[1] if "." in module else module
+
+
+@lru_cache(maxsize=4)  # parsed once for the two tests that read the package's graph
+def module_graph(root: Path) -> dict[str, dict[str, int]]:
+    """Importing module -> {imported module of the package: first line}, over every import (lazy ones too);
+    modules by their dotted name under the package (``export.hf``; a package's ``__init__`` by the package's)."""
+    files = {_module_name(f, root): f for f in sorted(root.rglob("*.py"))}
+    graph: dict[str, dict[str, int]] = {}
+    for name, file in files.items():
+        for line, module in imports_of(file, root):
+            if module in files and module != name:
+                graph.setdefault(_dotted(name), {}).setdefault(_dotted(module), line)
+    return graph
+
+
+def file_cycles(root: Path, known: dict = KNOWN_FILE_CYCLES) -> list[str]:
+    """Every import cycle between modules not in ``known``, naming each import of it with file and line."""
+    graph = module_graph(root)
+    problems: list[str] = []
+    for comp in strongly_connected({k: set(v) for k, v in graph.items()}):
+        if frozenset(comp) in known:
+            continue
+        inside = [f"{root.name}/{a.replace('.', '/')}.py:{line}: imports {b}"
+                  for a in sorted(comp) for b, line in sorted(graph.get(a, {}).items()) if b in comp]
+        problems.append(f"module import cycle between {sorted(comp)}: " + "; ".join(inside))
+    return problems
+
+
+@lru_cache(maxsize=4)
+def private_imports(root: Path) -> list[tuple[str, int, str]]:
+    """(file, line, ``module._name``) of each ``from <another module of the package> import _name``."""
+    out = []
+    for file in sorted(root.rglob("*.py")):
+        name = _module_name(file, root)
+        package = name if file.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"), str(file))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base != root.name and not base.startswith(root.name + ".") or base == name:
+                continue
+            out += [(str(file.relative_to(root.parent)), node.lineno, f"{base}.{a.name}") for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def private_problems(root: Path, known: dict = KNOWN_PRIVATE) -> list[str]:
+    return [f"{file}:{line}: imports {what}, another module's private name (make it public there, or move it)"
+            for file, line, what in private_imports(root) if (file, what) not in known]
+
+
+def test_no_import_cycles_between_files():
+    problems = file_cycles(ROOT)
+    assert not problems, "import cycles (docs/ARCHITECTURE.md, Layers):\n" + "\n".join(problems)
+
+
+def test_known_file_cycles_still_exist():
+    graph = module_graph(ROOT)
+    cycles = {frozenset(c) for c in strongly_connected({k: set(v) for k, v in graph.items()})}
+    stale = [sorted(k) for k in KNOWN_FILE_CYCLES if k not in cycles]
+    assert not stale, f"no longer cycles, remove from KNOWN_FILE_CYCLES: {stale}"
+
+
+def test_no_module_imports_another_modules_private_names():
+    problems = private_problems(ROOT)
+    assert not problems, "private names imported across modules:\n" + "\n".join(problems)
+
+
+def test_known_private_imports_still_exist():
+    found = {(file, what) for file, _, what in private_imports(ROOT)}
+    stale = [k for k in KNOWN_PRIVATE if k not in found]
+    assert not stale, f"fixed, remove from KNOWN_PRIVATE: {stale}"
+
+
+@pytest.mark.parametrize("files, cycles, private", [
+    # two files of one package importing each other, one lazily: a cycle naming both imports
+    ({"low/a.py": "from bio_megatron.low.b import f\n", "low/b.py": "def g():\n    from bio_megatron.low import a\n"},
+     ["module import cycle between ['low.a', 'low.b']: bio_megatron/low/a.py:1: imports low.b; "
+      "bio_megatron/low/b.py:2: imports low.a"], []),
+    # a three-file ring, relative imports
+    ({"low/a.py": "from . import b\n", "low/b.py": "from .c import x\n", "low/c.py": "from .a import y\n"},
+     ["module import cycle between ['low.a', 'low.b', 'low.c']"], []),
+    # a private name across modules (relative and absolute); one's own private names and dunders are fine
+    ({"low/a.py": "from .b import _hidden, public\n", "low/b.py": "from bio_megatron.utils import _x, __all__\n",
+      "low/c.py": "from bio_megatron.low.c import _self\n"},
+     [], ["bio_megatron/low/a.py:1: imports bio_megatron.low.b._hidden",
+          "bio_megatron/low/b.py:1: imports bio_megatron.utils._x"]),
+    # one-way imports of public names: clean
+    ({"low/a.py": "from bio_megatron.low.b import f\n", "low/b.py": "import os\n"}, [], []),
+])
+def test_file_level_checks_fail_on_bad_trees(tmp_path, files, cycles, private):
+    root = tmp_path / "bio_megatron"
+    for name in ("__init__.py", "utils/__init__.py", "low/__init__.py", *files):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(files.get(name, ""))
+    found = file_cycles(root, known={})
+    assert len(found) == len(cycles), found
+    for want in cycles:
+        assert any(want in p for p in found), (want, found)
+    found = private_problems(root, known={})
+    assert len(found) == len(private), found
+    for want in private:
+        assert any(want in p for p in found), (want, found)

@@ -46,13 +46,12 @@ folders too); this module writes folders and imports them as checkpoints.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
-import yaml
 
 from bio_megatron.export.folder_modes import apply_umask_modes
+from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND, save_tokenizer
 from bio_megatron.export.hf_heads import (head_settings, plain_class, remote_config_fields, remote_head,
                                           write_remote_code)
 from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
@@ -69,39 +68,11 @@ from bio_megatron.models.heads import build_head
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
-from bio_megatron.vocab.bpe import bpe_files, load_tokenizer
+from bio_megatron.vocab.bpe import load_tokenizer
 
 log = get_logger(__name__)
 
 
-def _save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
-    bpe = bpe_files(vocab_file)
-    if bpe is not None:  # RoBERTa: vocab.json + merges.txt are what RobertaTokenizer (and import hf) read
-        for f in (*bpe, bpe[0].parent / "tokenizer.json"):
-            if f.is_file():
-                shutil.copyfile(f, out / f.name)
-        return
-    from bio_megatron.vocab.sentencepiece import save_sentencepiece, spiece_file
-
-    if spiece_file(vocab_file) is not None:  # ALBERT: spiece.model + transformers' AlbertTokenizer files
-        save_sentencepiece(out, spiece_file(vocab_file), lowercase)
-        return
-    from transformers import BertTokenizer
-
-    tokens = Path(vocab_file).read_text(encoding="utf-8").split("\n")
-    if tokens and tokens[-1] == "":
-        tokens.pop()
-    # transformers 5.x ignores BertTokenizer(vocab_file=...): pass the vocabulary itself.
-    tok = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=lowercase)
-    tok.save_pretrained(str(out))
-    # transformers 5 writes only tokenizer.json; keep the plain WordPiece vocab.txt too (what import reads).
-    (out / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")
-
-
-EXPORT_COMMAND, IMPORT_COMMAND = "export hf", "import hf"  # the names in each output folder's marker
-
-
-EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, dtype: str = "fp32") -> dict:
@@ -137,7 +108,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         if remote:
             write_remote_code(tmp)
-        _save_tokenizer(tmp, src.vocab_file, tok_lower)
+        save_tokenizer(tmp, src.vocab_file, tok_lower)
         if labels:
             (tmp / "label_ids.csv").write_text("\n".join(labels) + "\n", encoding="utf-8")
         card = model_card(src.path, src.task, cls, remote, labels, dtype, Path(out).name)
@@ -210,24 +181,18 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
 
 def _pretraining_to_hf(src: Source):
     """The pretraining model (MLM, + NSP/SOP head) of a checkpoint at TP1, converted by its family."""
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.training.checkpoint import load_checkpoint
+    from bio_megatron.formats.ours import load_pretraining_model, pretraining_config, tokenizer_of
 
-    raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
-    binary = bool(raw.get("bert_binary_head", False))
-    tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
-    m = ModelConfig(**src.shape, bert_binary_head=binary, hidden_dropout=0.0, attention_dropout=0.0,
-                    transformer_impl="local")
-    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
-        m.make_vocab_size_divisible_by = int(src.padded_vocab)
+    m, raw = pretraining_config(src)
+    binary = m.bert_binary_head
+    tok = tokenizer_of(src, raw)
     family = family_of_model(m)
     problems = family.export_problems(m, None, binary_head=binary)
     cls = family.hf_class(None, binary_head=binary)
     if problems:
         raise CheckpointError(f"{src.path}: a {family.name} model exports as {cls}, which cannot compute this one: "
                               + "; ".join(problems))
-    model = family.build_pretraining_model(m, tok.vocab_size, torch.float32)
-    load_checkpoint(src.path, model, model_only=True)
+    model = load_pretraining_model(src, m, tok.vocab_size)
     sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
     tokens = family.hf_tokens(tok)
     hsd = family.to_hf(sd, m, tok.vocab_size, binary_head=binary, **tokens)

@@ -21,10 +21,10 @@ import json
 from pathlib import Path
 
 import torch
-import yaml
 
 from bio_megatron.families.electra import (DISCRIMINATOR_CLASSES, ELECTRA, electra_configs, electra_hf_to_mcore,
                                            electra_mcore_to_hf, generator_problems)
+from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.loading.source import Source, read_hf_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
@@ -32,10 +32,6 @@ from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 SUBFOLDERS = ("discriminator", "generator")
-
-
-def _saved_model(src: Source) -> dict:
-    return (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
 
 
 def _model_config(shape: dict, **extra):
@@ -73,7 +69,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.export.hf import IMPORT_COMMAND
+    from bio_megatron.export.hf_files import IMPORT_COMMAND
     from bio_megatron.interchange.verify import save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.hf import read_hf_weights
@@ -155,7 +151,7 @@ def load_electra(src: Source, tp: int = 1):
     from bio_megatron.training.checkpoint import load_checkpoint
     from bio_megatron.vocab.bpe import load_tokenizer
 
-    raw = _saved_model(src)
+    raw = saved_model_config(src.path)
     m = _model_config({k: v for k, v in src.shape.items()}, hidden_dropout=0.0, attention_dropout=0.0,
                       generator_hidden_fraction=float(raw.get("generator_hidden_fraction", 1 / 3)))
     m.tensor_model_parallel_size = tp
@@ -223,7 +219,7 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
 
     from bio_megatron.config.pretrain import electra_shapes
     from bio_megatron.export.folder_modes import apply_umask_modes
-    from bio_megatron.export.hf import EXPORT_COMMAND, EXPORT_DTYPES, _save_tokenizer
+    from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, save_tokenizer
     from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
     from bio_megatron.vocab.bpe import BPETokenizer
 
@@ -250,7 +246,7 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
         tmp.mkdir()
         for name, hf in models.items():
             hf.save_pretrained(str(tmp / name), safe_serialization=True)
-            _save_tokenizer(tmp / name, src.vocab_file, tok.lowercase)
+            save_tokenizer(tmp / name, src.vocab_file, tok.lowercase)
             card = model_card(src.path, None, hf.config.architectures[0], False, None, dtype,
                               f"{Path(out).name}-{name}")
             (tmp / name / "README.md").write_text(card, encoding="utf-8")

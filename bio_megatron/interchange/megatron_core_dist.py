@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.interchange.megatron_lm import _args_problems, _shape
+from bio_megatron.interchange.megatron_lm_state import args_problems, shape_of_state
 from bio_megatron.interchange.safe_load import safe_torch_load
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
@@ -190,7 +190,7 @@ def read_dist(path: Path, it: Path, num_attention_heads: int | None = None) -> d
     a = vars(args) if isinstance(args, argparse.Namespace) else {}
     if not a:
         log.warning("%s: no training args in the common state; the shape is read from the weights", where)
-    problems = _args_problems(a, distributed=True)
+    problems = args_problems(a, distributed=True)
     if problems:
         raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
     state = _load_tensors(it, meta)
@@ -204,4 +204,5 @@ def read_dist(path: Path, it: Path, num_attention_heads: int | None = None) -> d
     pp = int(a.get("pipeline_model_parallel_size") or 1)
     version = float(common.get("checkpoint_version") or a.get("checkpoint_version") or 3.0)
     return {"state": state, "args": a, "version": version, "tp": tp, "pp": pp, "heads": heads, "where": where,
-            "iteration": common.get("iteration"), "shape": _shape(state, a, heads, where), "format": "torch_dist"}
+            "iteration": common.get("iteration"), "shape": shape_of_state(state, a, heads, where),
+            "format": "torch_dist"}

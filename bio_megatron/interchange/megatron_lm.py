@@ -30,11 +30,10 @@ import zipfile
 from pathlib import Path
 
 import torch
-import yaml
 
 from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.interchange.megatron_lm_state import (fix_qkv, flatten, legacy_to_mcore, mcore_to_legacy_shards,
-                                                       merge_pp, merge_tp)
+from bio_megatron.interchange.megatron_lm_state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
+                                                       mcore_to_legacy_shards, merge_pp, merge_tp, shape_of_state)
 from bio_megatron.interchange.safe_load import safe_torch_load
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
@@ -112,37 +111,6 @@ def _model_of(sd: dict, where: str) -> dict:
     return model
 
 
-def _args_problems(a: dict, distributed: bool = False) -> list[str]:
-    """Settings of the Megatron-LM run that our BERT cannot reproduce exactly. (A distributed checkpoint
-    stores layers globally, so a virtual pipeline is no obstacle there.)"""
-    bad = []
-    if a.get("openai_gelu"):
-        bad.append("openai_gelu true (tanh-approximated GELU; the engine computes exact GELU)")
-    for key in ("swiglu", "squared_relu", "apply_layernorm_1p", "untie_embeddings_and_output_weights",
-                "apply_residual_connection_post_layernorm", "group_query_attention"):
-        if a.get(key):
-            bad.append(f"{key} true (not Megatron BERT's architecture)")
-    if a.get("position_embedding_type") not in (None, "learned_absolute") or a.get("add_position_embedding") is False:
-        bad.append(f"position_embedding_type {a.get('position_embedding_type')!r} "
-                   f"(add_position_embedding {a.get('add_position_embedding')}); only learned absolute is supported")
-    if a.get("normalization") not in (None, "LayerNorm"):
-        bad.append(f"normalization {a.get('normalization')!r} (only LayerNorm is supported)")
-    if a.get("add_bias_linear") is False:
-        bad.append("add_bias_linear false (the engine's linear layers have biases)")
-    for key in ("qk_layernorm", "multi_latent_attention", "num_experts"):
-        if a.get(key):
-            bad.append(f"{key} {a[key]} (not Megatron BERT's architecture)")
-    if not distributed and (a.get("virtual_pipeline_model_parallel_size") or 1) > 1:
-        bad.append(f"virtual_pipeline_model_parallel_size {a['virtual_pipeline_model_parallel_size']} (not supported)")
-    heads, hidden = a.get("num_attention_heads"), a.get("hidden_size")
-    if a.get("kv_channels") and heads and hidden and a["kv_channels"] != hidden // heads:
-        bad.append(f"kv_channels {a['kv_channels']} != hidden_size/num_attention_heads ({hidden // heads})")
-    tok = a.get("tokenizer_type")
-    if tok is not None and not str(tok).startswith("BertWordPiece"):
-        bad.append(f"tokenizer_type {tok!r} (only BertWordPieceCase / BertWordPieceLowerCase vocabularies are read)")
-    return bad
-
-
 def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -> dict:
     """A Megatron-LM legacy checkpoint as ``{"state": our full TP1 state, "shape": ModelConfig fields, ...}``."""
     path = Path(path)
@@ -161,7 +129,7 @@ def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -
     first = _load(shards[(0, 0)])
     a = vars(first["args"]) if isinstance(first.get("args"), argparse.Namespace) else {}
     version = float(first.get("checkpoint_version") or 0)
-    problems = _args_problems(a)
+    problems = args_problems(a)
     if problems:
         raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
     saved_tp = a.get("tensor_model_parallel_size", a.get("model_parallel_size")) or tp
@@ -185,32 +153,7 @@ def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -
         stages.append(merge_tp(parts, where))
     state = merge_pp(stages)
     return {"state": state, "args": a, "version": version, "tp": tp, "pp": pp, "heads": heads, "where": where,
-            "iteration": first.get("iteration"), "shape": _shape(state, a, heads, where), "format": "legacy"}
-
-
-def _shape(state: dict, a: dict, heads: int, where: str) -> dict:
-    need = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
-            "encoder.final_layernorm.weight"]
-    absent = [k for k in need if k not in state]
-    if absent:
-        raise CheckpointError(f"{where}: weights {absent} are missing (not a Megatron BERT checkpoint?)")
-    layers = 1 + max((int(k.split(".")[2]) for k in state if k.startswith("encoder.layers.")), default=-1)
-    hidden = state["embedding.word_embeddings.weight"].shape[1]
-    found = {"num_layers": layers, "hidden_size": hidden,
-             "padded_vocab_size": state["embedding.word_embeddings.weight"].shape[0],
-             "max_position_embeddings": state["embedding.position_embeddings.weight"].shape[0],
-             "ffn_hidden_size": state["encoder.layers.0.mlp.linear_fc1.weight"].shape[0] if layers else 4 * hidden}
-    wrong = [f"args.{k} {a[k]} but the weights have {v}" for k, v in found.items() if a.get(k) not in (None, v)]
-    if hidden % heads:
-        wrong.append(f"hidden_size ({hidden}) not divisible by num_attention_heads ({heads})")
-    if wrong:
-        raise CheckpointError(f"{where}: inconsistent checkpoint: " + "; ".join(wrong))
-    tokentypes = state.get("embedding.tokentype_embeddings.weight")
-    return {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
-            "ffn_hidden_size": found["ffn_hidden_size"], "max_position_embeddings": found["max_position_embeddings"],
-            "num_tokentypes": tokentypes.shape[0] if tokentypes is not None else 2,
-            # Megatron-LM's default epsilon (1e-5) applies to files whose args do not say (norm_epsilon since 2023)
-            "layernorm_epsilon": float(a.get("norm_epsilon") or a.get("layernorm_epsilon") or 1e-5)}
+            "iteration": first.get("iteration"), "shape": shape_of_state(state, a, heads, where), "format": "legacy"}
 
 
 # --- import -------------------------------------------------------------------------------------------
@@ -312,14 +255,11 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
 # --- export -------------------------------------------------------------------------------------------
 def load_ours(checkpoint: str | Path):
     """Our pretraining checkpoint (any saved layout) as a TP1 model: (model, ModelConfig, tokenizer, Source)."""
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.loading.finetuned import single_process
     from bio_megatron.families import family_of_model
     from bio_megatron.families.megatron_bert import MEGATRON_BERT
+    from bio_megatron.formats.ours import load_pretraining_model, pretraining_config, tokenizer_of
+    from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.source import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-    from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     single_process()
     src = resolve_source(checkpoint)
@@ -328,21 +268,13 @@ def load_ours(checkpoint: str | Path):
     if src.task is not None:
         raise CheckpointError(f"{src.path}: a fine-tuned ({src.task}) checkpoint; Megatron-LM's BERT holds the "
                               "pretraining heads only: export the pretraining checkpoint, or use export hf")
-    raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
-    m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
-                    attention_dropout=0.0, transformer_impl="local")
+    m, raw = pretraining_config(src)
     family = family_of_model(m)
     if family is not MEGATRON_BERT or m.transformer_block_type != "pre_ln":
         raise CheckpointError(f"{src.path}: a {family.name} model ({m.transformer_block_type}); Megatron-LM's BERT "
                               "holds the megatron_bert family only (pre-LN)")
-    tok = WordPieceTokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
-    divisible = m.make_vocab_size_divisible_by
-    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
-        m.make_vocab_size_divisible_by = int(src.padded_vocab)
-    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    m.make_vocab_size_divisible_by = divisible
-    return model, m, tok, src
+    tok = tokenizer_of(src, raw)
+    return load_pretraining_model(src, m, tok.vocab_size), m, tok, src
 
 
 def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Namespace:

@@ -199,3 +199,61 @@ def _nest(flat: dict[str, torch.Tensor]) -> dict:
             model.setdefault(head, {})[rest] = value
     lm["encoder"] = {k: encoder[k] for k in sorted(encoder, key=order)}
     return model
+
+
+# --- what a Megatron-LM run's args say (legacy and torch_dist) ----------------------------------------
+def args_problems(a: dict, distributed: bool = False) -> list[str]:
+    """Settings of the Megatron-LM run that our BERT cannot reproduce exactly. (A distributed checkpoint
+    stores layers globally, so a virtual pipeline is no obstacle there.)"""
+    bad = []
+    if a.get("openai_gelu"):
+        bad.append("openai_gelu true (tanh-approximated GELU; the engine computes exact GELU)")
+    for key in ("swiglu", "squared_relu", "apply_layernorm_1p", "untie_embeddings_and_output_weights",
+                "apply_residual_connection_post_layernorm", "group_query_attention"):
+        if a.get(key):
+            bad.append(f"{key} true (not Megatron BERT's architecture)")
+    if a.get("position_embedding_type") not in (None, "learned_absolute") or a.get("add_position_embedding") is False:
+        bad.append(f"position_embedding_type {a.get('position_embedding_type')!r} "
+                   f"(add_position_embedding {a.get('add_position_embedding')}); only learned absolute is supported")
+    if a.get("normalization") not in (None, "LayerNorm"):
+        bad.append(f"normalization {a.get('normalization')!r} (only LayerNorm is supported)")
+    if a.get("add_bias_linear") is False:
+        bad.append("add_bias_linear false (the engine's linear layers have biases)")
+    for key in ("qk_layernorm", "multi_latent_attention", "num_experts"):
+        if a.get(key):
+            bad.append(f"{key} {a[key]} (not Megatron BERT's architecture)")
+    if not distributed and (a.get("virtual_pipeline_model_parallel_size") or 1) > 1:
+        bad.append(f"virtual_pipeline_model_parallel_size {a['virtual_pipeline_model_parallel_size']} (not supported)")
+    heads, hidden = a.get("num_attention_heads"), a.get("hidden_size")
+    if a.get("kv_channels") and heads and hidden and a["kv_channels"] != hidden // heads:
+        bad.append(f"kv_channels {a['kv_channels']} != hidden_size/num_attention_heads ({hidden // heads})")
+    tok = a.get("tokenizer_type")
+    if tok is not None and not str(tok).startswith("BertWordPiece"):
+        bad.append(f"tokenizer_type {tok!r} (only BertWordPieceCase / BertWordPieceLowerCase vocabularies are read)")
+    return bad
+
+
+def shape_of_state(state: dict, a: dict, heads: int, where: str) -> dict:
+    """The encoder shape (ModelConfig fields) of a full TP1 state, checked against the run's args ``a``."""
+    need = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight",
+            "encoder.final_layernorm.weight"]
+    absent = [k for k in need if k not in state]
+    if absent:
+        raise CheckpointError(f"{where}: weights {absent} are missing (not a Megatron BERT checkpoint?)")
+    layers = 1 + max((int(k.split(".")[2]) for k in state if k.startswith("encoder.layers.")), default=-1)
+    hidden = state["embedding.word_embeddings.weight"].shape[1]
+    found = {"num_layers": layers, "hidden_size": hidden,
+             "padded_vocab_size": state["embedding.word_embeddings.weight"].shape[0],
+             "max_position_embeddings": state["embedding.position_embeddings.weight"].shape[0],
+             "ffn_hidden_size": state["encoder.layers.0.mlp.linear_fc1.weight"].shape[0] if layers else 4 * hidden}
+    wrong = [f"args.{k} {a[k]} but the weights have {v}" for k, v in found.items() if a.get(k) not in (None, v)]
+    if hidden % heads:
+        wrong.append(f"hidden_size ({hidden}) not divisible by num_attention_heads ({heads})")
+    if wrong:
+        raise CheckpointError(f"{where}: inconsistent checkpoint: " + "; ".join(wrong))
+    tokentypes = state.get("embedding.tokentype_embeddings.weight")
+    return {"num_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "ffn_hidden_size": found["ffn_hidden_size"], "max_position_embeddings": found["max_position_embeddings"],
+            "num_tokentypes": tokentypes.shape[0] if tokentypes is not None else 2,
+            # Megatron-LM's default epsilon (1e-5) applies to files whose args do not say (norm_epsilon since 2023)
+            "layernorm_epsilon": float(a.get("norm_epsilon") or a.get("layernorm_epsilon") or 1e-5)}

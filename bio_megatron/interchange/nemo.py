@@ -39,11 +39,6 @@ from bio_megatron.utils.log import get_logger
 log = get_logger(__name__)
 EXPORT_COMMAND, IMPORT_COMMAND = "export nemo", "import nemo"
 SIDE_FILE = "bio_megatron_embeddings.pt"
-_PKG = "nemo.collections.nlp.models."
-TARGETS = {None: _PKG + "language_modeling.megatron_bert_model.MegatronBertModel",
-           "ner": _PKG + "token_classification.token_classification_model.TokenClassificationModel",
-           "qa": _PKG + "question_answering.qa_bert_model.BERTQAModel",  # what qa_conf.yaml configures
-           "re": _PKG + "text_classification.text_classification_model.TextClassificationModel"}
 _TASK_OF_CLASS = {"TokenClassificationModel": "ner", "QAModel": "qa", "BERTQAModel": "qa",
                   "TextClassificationModel": "re", "MegatronBertModel": None}
 _SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "max_position_embeddings",
@@ -173,7 +168,7 @@ def _head_settings(task: str, cfg: dict, head: dict, hidden: int) -> dict:
 
 def read_nemo(path: str | Path, num_attention_heads: int | None = None) -> dict:
     """A ``.nemo`` as our full TP1 state, task head, shape, vocabulary text, label map and settings."""
-    from bio_megatron.interchange.megatron_lm import _shape
+    from bio_megatron.interchange.megatron_lm_state import shape_of_state
 
     where = str(path)
     with arc.extracted(path, _shape_bytes) as root:
@@ -204,7 +199,8 @@ def read_nemo(path: str | Path, num_attention_heads: int | None = None) -> dict:
         vocab_text = vocab_file.read_text(encoding="utf-8")
         task = _task_of(cfg, head, where)
         nemo_shape = {k: _setting(cfg, k) for k in _SHAPE_KEYS}
-        shape = _shape(state, nemo_shape, heads or state["embedding.word_embeddings.weight"].shape[1] // 64, where)
+        heads = heads or state["embedding.word_embeddings.weight"].shape[1] // 64
+        shape = shape_of_state(state, nemo_shape, heads, where)
         labels = settings = None
         if task is not None:
             if not head:

@@ -187,11 +187,12 @@ def save_dist(tensors: dict[str, torch.Tensor], folder: Path) -> None:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
-    from bio_megatron.training.checkpoint import _in_process_write_queue, shutdown_writer
+    from bio_megatron.parallel import seam
+    from bio_megatron.training.checkpoint import shutdown_writer
 
     sharded = {k: ShardedTensor.from_rank_offsets(k, v, replica_id=0) for k, v in tensors.items()}
     folder.mkdir(parents=True)
-    _in_process_write_queue()
+    seam.install("save")  # write results through an in-process queue, as training/checkpoint.py saves
     try:
         strategy = dist_checkpointing.serialization.get_default_save_sharded_strategy("torch_dist")
         dist_checkpointing.save(sharded, str(folder), sharded_strategy=strategy)

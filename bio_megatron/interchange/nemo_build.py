@@ -15,6 +15,12 @@ from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
+# The NeMo class each model restores as (``model_config.yaml``'s ``target``), by task (None: pretraining).
+_PKG = "nemo.collections.nlp.models."
+TARGETS = {None: _PKG + "language_modeling.megatron_bert_model.MegatronBertModel",
+           "ner": _PKG + "token_classification.token_classification_model.TokenClassificationModel",
+           "qa": _PKG + "question_answering.qa_bert_model.BERTQAModel",  # what qa_conf.yaml configures
+           "re": _PKG + "text_classification.text_classification_model.TextClassificationModel"}
 _ENCODER = ("embedding.", "encoder.")
 
 
@@ -229,8 +235,6 @@ def head_caveats(ours: dict) -> list[str]:
 
 def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, labels_ref: str | None) -> dict:
     """``model_config.yaml`` for a pretraining model (MegatronBertModel) or a task model around one."""
-    from bio_megatron.interchange.nemo import TARGETS
-
     task = ours["task"]
     if task is None:
         cfg = _bert_config(ours, tp, pp, mcore, vocab_ref, ours["binary_head"])

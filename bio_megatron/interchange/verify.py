@@ -74,28 +74,15 @@ def load_pretraining(checkpoint: str | Path):
     """Our pretraining checkpoint (any saved layout, either block type, WordPiece or byte-level BPE vocabulary)
     as a TP1 model in eval mode: (model, ModelConfig, tokenizer). Unlike ``megatron_lm.load_ours`` it admits
     every family ``import hf`` writes: verification of a post-LN BERT or a RoBERTa import reads it back here."""
-    import yaml
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.families import family_of_model
+    from bio_megatron.formats.ours import read_pretraining
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.source import resolve_source
-    from bio_megatron.training.checkpoint import load_checkpoint
-    from bio_megatron.vocab.bpe import load_tokenizer
 
     single_process()
     src = resolve_source(checkpoint)
     if src.kind != "checkpoint" or src.task is not None:
         raise CheckpointError(f"{checkpoint}: not a pretraining checkpoint of ours (verify reads one back)")
-    raw = (yaml.safe_load((src.path / "config.yaml").read_text()) or {}).get("model", {})
-    m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
-                    attention_dropout=0.0, transformer_impl="local")
-    tok = load_tokenizer(src.vocab_file, (raw.get("tokenizer") or {}).get("do_lower_case"))
-    if src.padded_vocab:  # rebuild the embedding exactly as saved (its padding depends on the saved TP size)
-        m.make_vocab_size_divisible_by = int(src.padded_vocab)
-    model = family_of_model(m).build_pretraining_model(m, tok.vocab_size, torch.float32).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    return model, m, tok
+    return read_pretraining(src)
 
 
 def _checkpoint_model(checkpoint: str | Path) -> tuple[Forward, int, int, int]:

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-import yaml
 
 from bio_megatron.config.finetune import CONFIG_CLASSES
 from bio_megatron.config.loader import from_dict
+from bio_megatron.formats.saved import saved_config
 from bio_megatron.loading.hf import task_config_for_hf
 from bio_megatron.loading.model import TaskModel, build_task_model, load_into
 from bio_megatron.loading.source import Source, resolve_source
@@ -50,7 +50,7 @@ def task_config_of(src: Source):
                               "(bio-megatron finetune ...) or export it as MegatronBertForMaskedLM")
     if src.kind == "hf":
         return task_config_for_hf(src)
-    raw = yaml.safe_load((src.path / "config.yaml").read_text()) or {}
+    raw = saved_config(src.path)
     return from_dict(CONFIG_CLASSES[src.task], raw)
 
 

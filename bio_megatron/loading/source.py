@@ -12,11 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.families import family_of_hf, family_of_model
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
+from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.loading.foreign import cached_vocab, foreign_kind, imported
 from bio_megatron.loading.hf_heads import CLASS_TASK, source_head
 from bio_megatron.models.hf_convert import read_tokenizer_json
@@ -89,8 +88,7 @@ def resolve_source(path: str | Path) -> Source:
         return _resolve_hf(path)
     meta = read_metadata(path)
     ckpt = Path(meta["path"])
-    cfg = yaml.safe_load((ckpt / "config.yaml").read_text()) or {}
-    model = cfg.get("model", {})
+    model = saved_model_config(ckpt)
     shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
     vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
     if (ckpt / "spiece.model").is_file():  # ALBERT's SentencePiece model (training/checkpoint.py saves it so)

@@ -189,7 +189,7 @@ def _export_failing_midway(ckpt: str, out: str) -> dict:
         assert (tmp / "model.safetensors").is_file()  # the failure really is halfway through the folder
         raise DataError("disk full (simulated)", str(tmp))
 
-    hf_mod._save_tokenizer = broken
+    hf_mod.save_tokenizer = broken  # the name export_hf calls (export/hf_files.py's writer)
     try:
         hf_mod.export_hf(ckpt, out, overwrite=True)
     except DataError as exc:
@@ -338,3 +338,22 @@ def test_overwrite_refuses_an_output_marked_before_manifests(ckpts, tmp_path):
     rc, msg = _run(["export", "hf", "--checkpoint", str(ckpts["ckpt1"]), "--out", str(out), "--overwrite"])
     assert rc == 2 and "before bio-megatron listed the files it writes" in msg, msg
     assert tree_digest(out) == before
+
+
+@pytest.mark.parametrize("text, expected", [("model: [unclosed\n", "cannot be read (ParserError)"),
+                                            ("- a list\n", "a mapping of config sections is expected, not list")])
+def test_a_broken_saved_config_is_one_line_naming_it(ckpts, tmp_path, text, expected):
+    """Every reader of a checkpoint's config.yaml goes through formats/saved.py: a file that is not a mapping of
+    sections stops export with exit 2 and one line naming it, before anything is written."""
+    import shutil
+
+    bad = tmp_path / "ckpt"
+    shutil.copytree(ckpts["ckpt0"], bad)
+    config = next(bad.rglob("config.yaml"))
+    config.write_text(text)
+    out = tmp_path / "hf_out"
+    res = _cli("export", "hf", "--checkpoint", str(bad), "--out", str(out))
+    errors = [line for line in res.stderr.splitlines() if " ERROR " in line]  # beside the launch's INFO line
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+    assert len(errors) == 1 and str(config) in errors[0] and expected in errors[0], res.stderr
+    assert not out.exists() and _siblings(out) == []
