@@ -132,6 +132,9 @@ class SchedConfig:
     (default: max_steps)."""
     constant_steps: int | None = None
     """NeMo's CosineAnnealing: hold min_lr for the last N steps (the decay ends at max_steps - N)."""
+    override_opt_param_scheduler: bool = False
+    """Megatron-LM's --override-opt_param-scheduler: on resume, take the LR schedule (lr, min_lr, warm-up, decay
+    length and style, weight decay) from this config instead of the checkpoint; only the step count is restored."""
 
 
 @dataclass

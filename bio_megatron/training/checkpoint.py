@@ -421,6 +421,8 @@ def load_checkpoint(path: Path, model, optimizer=None, scheduler=None, layout: L
     if optimizer is not None and not with_opt:
         optimizer.reload_model_params()
     if with_opt:
+        if hasattr(scheduler, "prepare_optimizer_state"):  # override_opt_param_scheduler: this run's group rates
+            scheduler.prepare_optimizer_state(state["optimizer"])
         optimizer.load_state_dict(state["optimizer"])
     if scheduler is not None and "scheduler" in state:
         scheduler.load_state_dict(state["scheduler"])

@@ -139,7 +139,55 @@ def warmup_steps(optim: OptimConfig, max_steps: int) -> int:
     return 0
 
 
-class SquareRootAnnealing(OptimizerParamScheduler):
+RATE_KEYS = ("max_lr", "min_lr", "start_wd", "end_wd")
+
+
+def _param_group_lists(state) -> list[list[dict]]:
+    """Every ``param_groups`` list inside an optimizer state dict (megatron's wrappers nest torch's)."""
+    if isinstance(state, dict):
+        found = [state["param_groups"]] if isinstance(state.get("param_groups"), list) else []
+        return found + [g for k, v in state.items() if k != "param_groups" for g in _param_group_lists(v)]
+    if isinstance(state, (list, tuple)):
+        return [g for v in state for g in _param_group_lists(v)]
+    return []
+
+
+class Schedule(OptimizerParamScheduler):
+    """megatron-core's scheduler with the resume rules of this project (docs/RELIABILITY.md):
+
+    - the decay length follows ``trainer.max_steps``: where ``model.optim.sched.decay_steps`` is not set, a resumed
+      run decays over ITS max_steps (minus ``constant_steps``), not the checkpoint's; LR, minimum, warm-up and style
+      stay the checkpoint's (they are checked equal, warm-up steps as the checkpoint counted them). So the LR at
+      step s of a run extended from N to 2N steps is the LR a run planned for 2N steps has at s (same warm-up);
+    - ``model.optim.sched.override_opt_param_scheduler`` (Megatron-LM's ``--override-opt_param-scheduler``): the
+      schedule is this run's config (LR, minimum, warm-up, decay length and style, weight decay), each param group's
+      rate included; only the step count comes from the checkpoint."""
+
+    def __init__(self, optimizer, *, follow_max_steps: bool, **kwargs) -> None:
+        self.follow_max_steps = follow_max_steps
+        super().__init__(optimizer, **kwargs)
+
+    def prepare_optimizer_state(self, state: dict) -> None:
+        """Called on the optimizer's saved state before it is loaded: with the override, the saved param groups
+        take this run's rates. megatron-core matches saved to current groups by their rates (``max_lr``, ...), so
+        another LR would otherwise fail the load; the groups are built in the same order, so they pair by position."""
+        if not self.override_opt_param_scheduler:
+            return
+        mine = self.optimizer.param_groups
+        for groups in _param_group_lists(state):
+            if len(groups) == len(mine):
+                for saved, current in zip(groups, mine):
+                    saved.update({k: current[k] for k in RATE_KEYS if k in current})
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        decay = self.lr_decay_steps
+        super().load_state_dict(state_dict)
+        if self.follow_max_steps and self.lr_decay_steps != decay:
+            self.lr_decay_steps = max(decay, self.lr_warmup_steps + 1)
+            self.step(0)
+
+
+class SquareRootAnnealing(Schedule):
     """NeMo's SquareRootAnnealing after warmup: max(lr * sqrt((max_steps - step) / max_steps), min_lr), with
     step and max_steps counted from 0 (NeMo does not subtract the warmup here); megatron's warmup before."""
 
@@ -160,12 +208,14 @@ def build_scheduler(optimizer, optim: OptimConfig, max_steps: int) -> OptimizerP
     warm = warmup_steps(optim, max_steps)
     decay = s.decay_steps if s.decay_steps is not None else max_steps - (s.constant_steps or 0)
     # megatron counts decay steps from 0 including warmup; keep decay >= warmup so the schedule is defined.
-    cls = SquareRootAnnealing if s.name == "SquareRootAnnealing" else OptimizerParamScheduler
+    cls = SquareRootAnnealing if s.name == "SquareRootAnnealing" else Schedule
+    override = bool(getattr(s, "override_opt_param_scheduler", False))
     return cls(
         optimizer, init_lr=0.0 if warm else optim.lr, max_lr=optim.lr, min_lr=s.min_lr,
         lr_warmup_steps=warm, lr_decay_steps=max(decay, warm + 1), lr_decay_style=style,
         start_wd=optim.weight_decay, end_wd=optim.weight_decay, wd_incr_steps=max(1, max_steps),
-        wd_incr_style="constant", use_checkpoint_opt_param_scheduler=True, override_opt_param_scheduler=False,
+        wd_incr_style="constant", use_checkpoint_opt_param_scheduler=not override,
+        override_opt_param_scheduler=override, follow_max_steps=s.decay_steps is None,
     )
 
 

@@ -9,7 +9,11 @@ from the checkpoint (``use_checkpoint_opt_param_scheduler``), so a changed ``mod
 ignored. Continued pretraining (``model.restore_from_path``) takes the weights only: there the vocabulary and
 the shape must match, the optimizer starts afresh and may differ.
 
-Settings that may change on resume and are therefore not listed: ``trainer.max_steps`` (train longer),
+``model.optim.sched.override_opt_param_scheduler`` (Megatron-LM's flag) takes the LR-schedule keys (``SCHEDULE``)
+from the run's config instead: those may then change.
+
+Settings that may change on resume and are therefore not listed: ``trainer.max_steps`` (train longer: the decay
+follows the new length unless ``model.optim.sched.decay_steps`` fixes it, see ``optimizer.Schedule``),
 logging, validation and save intervals, TP/PP layout (dist-checkpointing reshards), data-parallel size,
 ``micro_batch_size`` (the global batch is what defines a step), ``use_distributed_optimizer`` and
 ``trainer.precision`` (converted with a warning, see ``checkpoint.load_checkpoint``), gradient clipping (not
@@ -59,6 +63,11 @@ CHECKED: dict[str, tuple[str, bool]] = {
     "model.optim.sched.decay_steps": ("the restored LR schedule keeps the checkpoint's", False),
     "model.optim.sched.constant_steps": ("the restored LR schedule keeps the checkpoint's", False),
 }
+# What model.optim.sched.override_opt_param_scheduler takes from the run's config instead of the checkpoint.
+SCHEDULE = ("model.optim.lr", "model.optim.weight_decay", "model.optim.sched.name", "model.optim.sched.warmup_steps",
+            "model.optim.sched.warmup_ratio", "model.optim.sched.min_lr", "model.optim.sched.decay_steps",
+            "model.optim.sched.constant_steps")
+OVERRIDE = "model.optim.sched.override_opt_param_scheduler=true"
 VOCAB_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model")
 
 
@@ -121,6 +130,7 @@ def mismatches(path: Path, cfg, weights_only: bool) -> list[tuple[str, Any, Any,
         log.warning("checkpoint %s has no config.yaml: its shape and optimizer settings cannot be compared", path)
         return []
     now = to_dict(cfg)
+    override = bool(_get(now, OVERRIDE.split("=")[0])[1])
     out = []
     theirs = _resolved_shape(type(cfg.model), saved.get("model", {}))
     if theirs is not None:
@@ -128,7 +138,7 @@ def mismatches(path: Path, cfg, weights_only: bool) -> list[tuple[str, Any, Any,
         out += [(f"model.{k}", mine[k], theirs[k], "the tensors' shapes") for k in SHAPE_KEYS
                 if not _same(mine[k], theirs[k])]
     for key, (why, for_weights) in CHECKED.items():
-        if weights_only and not for_weights:
+        if (weights_only and not for_weights) or (override and key in SCHEDULE):
             continue
         (has_now, a), (has_saved, b) = _get(now, key), _get(saved, key)
         if has_now and has_saved and not _same(a, b):
@@ -158,15 +168,16 @@ def vocab_mismatch(path: Path, run_vocab: str | Path) -> str | None:
             f"the checkpoint was trained with ({saved[0]}, sha256 {b[:12]}){same}")
 
 
-def _warn_schedule_kept(path: Path, cfg) -> None:
-    """A longer (or shorter) ``trainer.max_steps`` is allowed, but where the decay length was derived from it the
-    restored schedule still ends where the checkpoint's did (megatron-core keeps the saved decay steps): say so."""
+def _say_schedule_length(path: Path, cfg) -> None:
+    """A longer (or shorter) ``trainer.max_steps`` re-plans the decay over the new length (``optimizer.Schedule``)
+    unless ``decay_steps`` fixes it: say which."""
     saved = _saved_config(path) or {}
     (has_old, old), (_, decay) = _get(saved, "trainer.max_steps"), _get(to_dict(cfg), "model.optim.sched.decay_steps")
-    if has_old and decay is None and old != cfg.trainer.max_steps:
-        log.warning("trainer.max_steps is %s, the checkpoint's run had %s: the restored LR schedule keeps the "
-                    "checkpoint's (decaying over that run's %s steps); to decay over the new length, start a new run "
-                    "from its weights (model.restore_from_path) instead", cfg.trainer.max_steps, old, old)
+    if has_old and old != cfg.trainer.max_steps:
+        log.info("trainer.max_steps is %s, the checkpoint's run had %s: the LR %s", cfg.trainer.max_steps, old,
+                 f"decay keeps model.optim.sched.decay_steps={decay}" if decay is not None else
+                 f"decay is re-planned to end at step {cfg.trainer.max_steps} (warm-up, LR and style as saved; "
+                 f"the LR at each step is a {cfg.trainer.max_steps}-step run's)")
 
 
 def _lines(path: Path) -> int:
@@ -195,9 +206,11 @@ def check_compatible(path: Path, cfg, run_vocab: str | Path, how: str, fix: str 
                               "start afresh with another exp_manager.name")
     found = mismatches(path, cfg, weights_only)
     if not weights_only:
-        _warn_schedule_kept(path, cfg)
+        _say_schedule_length(path, cfg)
     if found:
         key, mine, theirs, why = found[0]
         more = f" (and {', '.join(k for k, *_ in found[1:])})" if len(found) > 1 else ""
+        if not weights_only and all(k in SCHEDULE for k, *_ in found):
+            fix += f"; or take this run's LR schedule with {OVERRIDE} (Megatron-LM's --override-opt_param-scheduler)"
         raise CheckpointError(f"cannot {how} from checkpoint {path}: {key} is {mine!r} in this run's config but "
                               f"{theirs!r} in the checkpoint's ({why}){more}; {fix}")

@@ -5,7 +5,9 @@ A tiny 1-rank run saves iteration 2; each case copies that run directory and res
 
 - a vocabulary file of the same path and size with two tokens swapped is refused (by content, sha256);
 - another LR, another shape: one line naming the key and both values, exit 2, the checkpoint untouched;
-- a longer ``trainer.max_steps`` with another micro-batch size still resumes and finishes;
+- a longer ``trainer.max_steps`` with another micro-batch size still resumes and finishes, its LR decay re-planned
+  over the new length (a fixed ``decay_steps`` stays); ``model.optim.sched.override_opt_param_scheduler`` takes
+  another LR schedule from the config;
 - continued pretraining (``model.restore_from_path``) of another shape is refused the same way;
 - a checkpoint without ``checksums.json`` loads with a warning and stays without one; the next save records
   that its state came from an unverified checkpoint.
@@ -14,6 +16,7 @@ A tiny 1-rank run saves iteration 2; each case copies that run directory and res
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -105,15 +108,61 @@ def test_shape_or_family_change_is_refused(change, key, source, pubmed_prefix, t
     assert f"{key} is " in line and "in the checkpoint's" in line, line
 
 
+def _lrs(run: Path) -> dict[int, float]:
+    """step -> the LR metrics.jsonl recorded (a resumed run's later record wins)."""
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["lr"] for r in recs if "lr" in r}
+
+
+def _cosine(step: int, decay_steps: int, max_lr: float = 1e-3, min_lr: float = 1e-4) -> float:
+    """megatron-core's cosine decay (no warm-up: tiny.yaml's 5% of 2 or 4 steps rounds to 0) at ``step``."""
+    return min_lr + 0.5 * (math.cos(math.pi * min(step, decay_steps) / decay_steps) + 1) * (max_lr - min_lr)
+
+
 def test_max_steps_extension_and_micro_batch_still_resume(source, pubmed_prefix, tmp_path):
     run, vocab = _copy_run(source, tmp_path)
-    rc, log = _resume(pubmed_prefix, tmp_path, vocab, "model.micro_batch_size=4", "trainer.log_every_n_steps=2")
+    before = _lrs(run)
+    rc, log = _resume(pubmed_prefix, tmp_path, vocab, "model.micro_batch_size=4")
     assert rc == 0, log[-3000:]
     assert "resumed from" in log
-    # allowed, but the restored LR schedule still decays over the checkpoint run's 2 steps: the log says so
-    assert "trainer.max_steps is 4, the checkpoint's run had 2: the restored LR schedule keeps" in log, log[-3000:]
+    assert "trainer.max_steps is 4, the checkpoint's run had 2: the LR decay is re-planned to end at step 4" in log
     assert json.loads((run / "status.json").read_text()) == {"state": "finished", "step": 4}
     assert (run / "checkpoints" / "latest").read_text().strip() == "4"
+    # the rule (docs/RELIABILITY.md): the decay follows the new max_steps, so the LR at each resumed step is what a
+    # run planned for 4 steps has there; the checkpoint's 2-step schedule would have pinned it at min_lr (1e-4)
+    lrs = _lrs(run)
+    assert lrs[1] == before[1] and lrs[2] == before[2]
+    offset = next(k for k in (0, 1) if math.isclose(before[2], _cosine(2 - k, 2), rel_tol=1e-6))
+    for step in (3, 4):
+        assert math.isclose(lrs[step], _cosine(step - offset, 4), rel_tol=1e-6), (step, lrs, offset)
+    assert lrs[3] > 2e-4
+
+
+def test_a_fixed_decay_length_is_kept_on_extension(source, pubmed_prefix, tmp_path):
+    """``model.optim.sched.decay_steps`` names the decay's end: extending max_steps does not move it."""
+    run, vocab = _copy_run(source, tmp_path)
+    # the source run had no decay_steps (it decayed over its 2 steps); the override lets this run fix it at 2
+    rc, log = _resume(pubmed_prefix, tmp_path, vocab, "model.optim.sched.decay_steps=2",
+                      "model.optim.sched.override_opt_param_scheduler=true")
+    assert rc == 0, log[-3000:]
+    lrs = _lrs(run)
+    assert math.isclose(lrs[3], 1e-4, rel_tol=1e-6) and math.isclose(lrs[4], 1e-4, rel_tol=1e-6), lrs
+
+
+def test_override_opt_param_scheduler_takes_the_configs_schedule(source, pubmed_prefix, tmp_path):
+    """Megatron-LM's --override-opt_param-scheduler: another LR on resume is refused with the key named, and with
+    the key the run takes its config's LR schedule (only the step count comes from the checkpoint)."""
+    run, vocab = _copy_run(source, tmp_path)
+    line = _refused(pubmed_prefix, tmp_path, vocab, "model.optim.lr=0.002")
+    assert "model.optim.sched.override_opt_param_scheduler=true" in line, line
+    before = _lrs(run)
+    rc, log = _resume(pubmed_prefix, tmp_path, vocab, "model.optim.lr=0.002", "model.optim.sched.min_lr=0.0005",
+                      "model.optim.sched.override_opt_param_scheduler=true")
+    assert rc == 0, log[-3000:]
+    lrs = _lrs(run)
+    offset = next(k for k in (0, 1) if math.isclose(before[2], _cosine(2 - k, 2), rel_tol=1e-6))
+    for step in (3, 4):
+        assert math.isclose(lrs[step], _cosine(step - offset, 4, 2e-3, 5e-4), rel_tol=1e-6), (step, lrs, offset)
 
 
 def test_restore_from_path_of_another_shape_is_refused(source, pubmed_prefix, tmp_path):
