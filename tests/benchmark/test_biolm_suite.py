@@ -148,3 +148,27 @@ def test_a_pretraining_run_is_scored_at_each_saved_step_with_the_plot(pubmed_pre
     before = (out / "steps.json").read_text()
     assert main(["benchmark", "report", str(out)]) == 0
     assert (out / "steps.json").read_text() == before
+
+
+def test_gad_cell_is_the_median_over_folds_2_to_10(model, tmp_path):
+    """bio-lm's GAD protocol through the suite: one cell runs `finetune --folds 1-10` (tuned on fold 1) and reports
+    the median test score of folds 2-10, as benchmark/kfold.py computes it."""
+    rows = (ROOT / "tests" / "fixtures" / "blurb" / "GAD" / "test.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    data = tmp_path / "GAD"
+    for fold in range(1, 11):  # BioBERT's layout: <fold>/train.tsv (no header, no index), <fold>/test.tsv
+        d = data / str(fold)
+        d.mkdir(parents=True)
+        test = rows[fold % 4::2][:8]  # different test rows per fold: different scores
+        (d / "train.tsv").write_text("".join(r.split("\t", 1)[1] + "\n" for r in rows[:16]), encoding="utf-8")
+        (d / "test.tsv").write_text("index\tsentence\tlabel\n" + "".join(r + "\n" for r in test), encoding="utf-8")
+    rmap = tmp_path / "map.yaml"
+    rmap.write_text(json.dumps({"gad": {"overrides": [f"model.dataset.data_dir={data}"]}}))
+    out = tmp_path / "s"
+    argv = ["benchmark", "biolm", "--model", str(model), "--out", str(out), "--seeds", "42", "--datasets", "gad",
+            "--recipe-map", str(rmap), "--epochs", "1", "--max-examples", "8", "model.dataset.max_seq_length=32"]
+    assert run_world(1, _suite, argv) == [0]
+    folds = json.loads((out / "cells" / "gad" / "seed42" / "run" / "results.json").read_text())
+    assert folds["protocol"] == "k-fold" and [r["fold"] for r in folds["folds"]] == list(range(1, 11))
+    reported = [r["test"] for r in folds["folds"] if not r["tuning"]]
+    cell = json.loads((out / "cells" / "gad" / "seed42" / "cell.json").read_text())
+    assert cell["scores"]["score"] == pytest.approx(100 * statistics.median(reported), abs=1e-9)
