@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from bio_megatron.cli import data_download
 from bio_megatron.utils.errors import DataError
 
 
@@ -40,6 +41,10 @@ def _print(obj: dict) -> None:
 def _download(args: argparse.Namespace) -> int:
     from bio_megatron.corpus import download as dl
 
+    if args.source in data_download.DATASET_SOURCES:  # the public fine-tuning sets: their own module
+        return data_download.run(args)
+    if not args.out:
+        raise DataError(f"data download {args.source} needs --out DIR")
     kw = dict(workers=args.workers, retries=args.retries, timeout=args.timeout)
     if args.source == "pubmed":
         baseline = args.baseline or not args.updates  # neither flag: the baseline
@@ -87,8 +92,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cpus = max(1, min(4, os.cpu_count() or 1))
 
     d = sub.add_parser("download", help="fetch PubMed baseline/update files or PMC OA bulk packages, verified")
-    d.add_argument("source", choices=["pubmed", "pmc"])
-    d.add_argument("--out", required=True, help="directory for the downloaded files")
+    d.add_argument("source", choices=["pubmed", "pmc", *data_download.DATASET_SOURCES])
+    d.add_argument("--out", help="directory for the downloaded files")
     d.add_argument("--baseline", action="store_true", help="PubMed yearly baseline (default)")
     d.add_argument("--updates", action="store_true", help="PubMed daily update files")
     d.add_argument("--licence-group", action="append", choices=["oa_comm", "oa_noncomm", "oa_other"],
@@ -99,6 +104,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--timeout", type=float, default=60.0, help="seconds before a stalled connection is retried")
     d.add_argument("--base-url", default=os.environ.get("BIO_MEGATRON_NCBI_URL", "https://ftp.ncbi.nlm.nih.gov"),
                    help="NCBI server or a mirror (env BIO_MEGATRON_NCBI_URL)")
+    data_download.add_arguments(d)
     d.set_defaults(func=_download)
 
     pm = sub.add_parser("pubmed", help="PubMed XML(.gz) -> JSONL (title + abstract sentences)")

@@ -45,6 +45,7 @@ class RemoteFile:
     url: str
     name: str
     md5_url: str | None = None
+    sha256: str | None = None  # pinned digest (public datasets' table); checked instead of any .md5
 
 
 def _open(url: str, timeout: float, headers: dict[str, str] | None = None):
@@ -92,8 +93,19 @@ def _gzip_ok(path: Path) -> bool:
         return False
 
 
-def _verify(path: Path, md5: str | None, name: str) -> str | None:
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _verify(path: Path, md5: str | None, name: str, sha256: str | None = None) -> str | None:
     """Why ``path`` (the download of ``name``) is not a good copy, or None."""
+    if sha256 is not None:
+        got = _sha256_of(path)
+        return None if got == sha256 else f"SHA256 mismatch (expected {sha256}, got {got})"
     if md5 is not None:
         got = _md5_of(path)
         return None if got == md5 else f"MD5 mismatch (expected {md5}, got {got})"
@@ -117,7 +129,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
                 if attempt == retries:
                     raise DataError(f"cannot fetch checksum {remote.md5_url}: {exc}", str(dest)) from None
                 time.sleep(backoff_s * attempt)
-    if dest.is_file() and _verify(dest, md5, remote.name) is None:
+    if dest.is_file() and _verify(dest, md5, remote.name, remote.sha256) is None:
         return {"name": remote.name, "status": "present", "bytes": dest.stat().st_size}
     part = out_dir / (remote.name + ".part")
     last_error = ""
@@ -151,7 +163,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
                         part.stat().st_size if part.exists() else 0, attempt, retries)
             time.sleep(backoff_s * attempt)
             continue
-        why = _verify(part, md5, remote.name)
+        why = _verify(part, md5, remote.name, remote.sha256)
         if why is None:
             part.replace(dest)
             return {"name": remote.name, "status": "downloaded", "bytes": dest.stat().st_size,
