@@ -41,3 +41,21 @@ def test_baseline_of_the_demo_corpus_is_its_training_documents(pubmed_prefix):
     expected = _entropy(train)
     assert training_unigram_entropy(pubmed_prefix) == pytest.approx(expected, abs=1e-9)
     assert abs(expected - _entropy(everything)) > 1e-3  # the validation documents are left out
+
+
+def test_validation_baseline_scores_the_validation_tokens_by_the_training_frequencies(pubmed_prefix):
+    """The yardstick for the demo's val loss: the validation documents (the last 5%: mostly PMC) scored by the
+    training documents' add-one smoothed token frequencies, computed here from megatron-core's own reader."""
+    from bio_megatron.demo import validation_unigram_cross_entropy
+
+    ds = IndexedDataset(str(pubmed_prefix))
+    n_docs = len(ds.document_indices) - 1
+    n_train = int(round(0.95 * n_docs))
+    first_val = int(ds.document_indices[n_train])
+    train = Counter(int(t) for i in range(first_val) for t in ds[i])
+    val = [int(t) for i in range(first_val, len(ds)) for t in ds[i]]
+    vocab, n = 30522, sum(train.values())
+    expected = -sum(math.log((train[t] + 1) / (n + vocab)) for t in val) / len(val)
+    got = validation_unigram_cross_entropy(pubmed_prefix, vocab)
+    assert got == pytest.approx(expected, abs=1e-9)
+    assert got > training_unigram_entropy(pubmed_prefix) + 0.3  # the val documents are another distribution
