@@ -115,3 +115,14 @@ def test_list_shows_every_set_with_pinned_urls_sizes_sums_and_licences() -> None
                 assert re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) and f["bytes"] > 0
     rc, _, errors = _cli(["data", "download", "ner", "--name", "GAD", "--out", "unused"])
     assert rc == 2 and "unknown ner dataset 'GAD'" in errors and "BC5CDR-chem" in errors
+
+
+def test_every_pinned_size_and_sha256_matches_the_real_copy_in_shared() -> None:
+    """The table's digests are those of the upstream files (../shared holds the same bytes for every set)."""
+    import hashlib
+
+    for d in DATASETS.values():
+        for f in d.files:
+            local = SHARED / d.group / d.name / f.name
+            assert local.stat().st_size == f.size, local
+            assert hashlib.sha256(local.read_bytes()).hexdigest() == f.sha256, local
