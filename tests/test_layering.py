@@ -237,27 +237,12 @@ def test_checker_fails_on_bad_trees(tmp_path, files, expected):
 # Import cycles between two files (modules) of the package that remain, each with why. Every entry must still
 # be a cycle (a broken one fails test_known_file_cycles_still_exist until removed), so the list only shrinks.
 KNOWN_FILE_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"config.nemo_compat", "config.nemo_lightning"}):
-        "nemo_lightning types its key table with nemo_compat._Doc under TYPE_CHECKING; nemo_compat maps the "
-        "Lightning keys with it (config/ is another helper's area this session)",
     frozenset({"bench.hf_process", "bench.pretrain"}):
         "the HF child process calls bench.pretrain.hf_step, which the parent also runs (bench/ not in this change)",
-    frozenset({"cli.evaluate", "cli.evaluate_blurb"}):
-        "evaluate registers evaluate_blurb's subcommands, which print with evaluate.emit (cli/evaluate* not in "
-        "this change)",
 }
 
 # ``from <another module> import _private`` that remain, (importing file, module._name) -> why; shrinks only.
-KNOWN_PRIVATE: dict[tuple[str, str], str] = {
-    ("bio_megatron/bench/pretrain.py", "bio_megatron.training.pretrain._to_device"):
-        "training/ is another helper's area this session; to be made public there",
-    ("bio_megatron/config/nemo_lightning.py", "bio_megatron.config.nemo_compat._Doc"):
-        "the type of the key table (TYPE_CHECKING only); config/ is another helper's area this session",
-    ("bio_megatron/training/distill.py", "bio_megatron.training.pretrain._diverged"):
-        "distillation reuses pretraining's divergence guard; training/ is another helper's area this session",
-    ("bio_megatron/training/distill.py", "bio_megatron.training.pretrain._to_device"):
-        "as _diverged",
-}
+KNOWN_PRIVATE: dict[tuple[str, str], str] = {}  # none left
 
 
 def _dotted(module: str) -> str:

@@ -123,7 +123,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
     from bio_megatron.models.hf_convert import mcore_to_hf
     from bio_megatron.parallel import grad_fusion
     from bio_megatron.training.optimizer import build_optimizer
-    from bio_megatron.training.pretrain import _to_device, build_stage, forward_step
+    from bio_megatron.training.pretrain import to_device, build_stage, forward_step
 
     cfg = PretrainConfig()
     cfg.trainer.seed = _SEED
@@ -134,7 +134,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
     cfg.model.gradient_accumulation_fusion = {"auto": None, "on": True, "off": False}[args.grad_fusion]
     model, ddp = build_stage(cfg, args.vocab_size, dtype)
     optimizer = build_optimizer(cfg.model.optim, [ddp], dtype, clip_grad=1.0, use_distributed_optimizer=False)
-    batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
+    batch = to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
                                                          args.binary_head).items() if v is not None})
     attention = type(model.encoder.layers[0].self_attention.core_attention).__name__
     initial = mcore_to_hf({k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()

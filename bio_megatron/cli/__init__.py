@@ -133,7 +133,7 @@ def _stdout_closed() -> int:
 
     Python's documented recipe (library/signal, "Note on SIGPIPE"): point stdout at devnull so that the
     interpreter's final flush of what is still buffered cannot raise again. Exit status 0, as
-    ``cli.evaluate.emit`` does: the reader chose to stop reading and got what it read, so a
+    ``cli.output.emit`` does: the reader chose to stop reading and got what it read, so a
     ``set -o pipefail`` script running ``... | head`` does not fail. Errors are reported on stderr with
     their own status (2 for bad input) whatever becomes of stdout.
     """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bio_megatron.cli.evaluate import emit
+from bio_megatron.cli.output import emit
 from bio_megatron.tasks.re_data import RELATION_FORMATS, read_relations
 
 

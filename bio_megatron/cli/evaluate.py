@@ -7,8 +7,9 @@ equals: docs/EVALUATION.md. BLURB's other tasks (``pubmedqa``, ``hoc``, ...) are
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from bio_megatron.cli.evaluate_blurb import register as register_blurb
+from bio_megatron.cli.output import emit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,16 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     bs.add_argument("--max-answers", type=int, default=5)
     bs.set_defaults(func=run_bioasq_submission)
 
-    from bio_megatron.cli.evaluate_blurb import register as register_blurb  # here: it imports emit from us
-
     register_blurb(ev)
-
-
-def emit(obj: dict | str) -> int:
-    """Print the result (a dict as indented JSON). A reader that stops early (``| head``) is handled once, in
-    ``cli.main``, which flushes stdout inside its error handling."""
-    sys.stdout.write(obj if isinstance(obj, str) else json.dumps(obj, indent=2) + "\n")
-    return 0
 
 
 def _load(path: str, expected: str) -> object:

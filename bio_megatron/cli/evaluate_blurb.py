@@ -35,7 +35,7 @@ def register(ev: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bio_megatron.cli.evaluate import emit
+    from bio_megatron.cli.output import emit
     from bio_megatron.evaluation.blurb import as_dict, report_text
     from bio_megatron.utils.io import check_output_file, write_json_atomic
     from bio_megatron.utils.log import get_logger

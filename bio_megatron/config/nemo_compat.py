@@ -25,6 +25,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from bio_megatron.config.nemo_doc import NemoDoc
 from bio_megatron.config.nemo_lightning import LIGHTNING1_KEYS, STRATEGY as _STRATEGY, lightning1
 
 MISSING = "???"
@@ -228,44 +229,13 @@ def _reason(key: str, task: str) -> str | None:
     return None
 
 
-class _Doc:
-    """The flat document being rewritten, with the command-line keys that win a rename conflict."""
-
-    def __init__(self, flat: dict[str, Any], cli_keys: set[str]):
-        self.flat, self.cli_keys = flat, cli_keys
-        self.out: dict[str, Any] = {}
-        self.source: dict[str, str] = {}  # our key -> the key it came from
-        self.problems: list[str] = []
-        self.ignored: dict[str, str] = {}
-
-    def pop(self, key: str, default: Any = None) -> Any:
-        return self.flat.pop(key, default)
-
-    def from_cli(self, key: str) -> bool:
-        return any(key == k or key.startswith(k + ".") for k in self.cli_keys)
-
-    def set(self, target: str, value: Any, src: str) -> None:
-        """Write our key; two different values for one key are an error unless one came from the command line."""
-        if target in self.out and self.out[target] != value:
-            prev = self.source[target]
-            if self.from_cli(src) and not self.from_cli(prev):
-                pass
-            elif self.from_cli(prev) and not self.from_cli(src):
-                return
-            else:
-                self.problems.append(f"{prev} ({self.out[target]!r}) and {src} ({value!r}) set the same thing "
-                                     f"({target}); keep one")
-                return
-        self.out[target], self.source[target] = value, src
-
-
 def translate(doc: dict, task: str, cli_keys: set[str] = frozenset(), world_size: int | None = None
               ) -> tuple[dict, list[str], dict[str, str]]:
     """Resolved document -> (our document, problems, {NeMo key: why it has no effect here}).
 
     ``task`` is ``pretrain``, ``ner``, ``re``, ``classify`` or ``qa``; ``cli_keys`` are the dotted keys given on the
     command line; ``world_size`` (when known) turns NeMo's per-GPU batch size into our global batch."""
-    d = _Doc(flatten(doc), set(cli_keys))
+    d = NemoDoc(flatten(doc), set(cli_keys))
     if task == "pretrain" and any(k.startswith(("model.train_ds.", "model.only_mlm_loss")) for k in d.flat):
         # One line instead of a dozen unknown keys: a different model and data format, not other key names.
         return {}, [_BERTLM_REFUSAL], {}
@@ -312,7 +282,7 @@ def _is_nemo_key(key: str, task: str) -> bool:
     return key.startswith(nemo_prefixes) or key in RECOMPUTE_ALIASES
 
 
-def _trainer(d: _Doc, task: str) -> None:
+def _trainer(d: NemoDoc, task: str) -> None:
     lightning1(d, task)
     if "trainer.devices" in d.flat:
         v = d.pop("trainer.devices")
@@ -336,7 +306,7 @@ def _trainer(d: _Doc, task: str) -> None:
             d.flat["__accumulate"] = v  # consumed by _datasets with train_ds.batch_size
 
 
-def _exp_manager(d: _Doc) -> None:
+def _exp_manager(d: NemoDoc) -> None:
     if d.flat.get("exp_manager.explicit_log_dir") is not None:
         # NeMo writes into explicit_log_dir itself; our run directory is exp_dir/name.
         path = str(d.pop("exp_manager.explicit_log_dir")).rstrip("/")
@@ -354,7 +324,7 @@ def _exp_manager(d: _Doc) -> None:
                 d.source.pop(key, None)
 
 
-def _encoder(d: _Doc, task: str) -> None:
+def _encoder(d: NemoDoc, task: str) -> None:
     for alias, ours in RECOMPUTE_ALIASES.items():
         if alias in d.flat:
             d.set(ours, d.pop(alias), alias)
@@ -406,7 +376,7 @@ def _encoder(d: _Doc, task: str) -> None:
             d.problems.append(f"model.token_classifier.num_classes ({v!r}) must be 2 here: start and end logits")
 
 
-def _tokenizer(d: _Doc) -> None:
+def _tokenizer(d: NemoDoc) -> None:
     library = d.pop("model.tokenizer.library")
     type_ = d.pop("model.tokenizer.type")
     hf_name = d.pop("model.tokenizer.tokenizer_name")
@@ -437,7 +407,7 @@ def _tokenizer(d: _Doc) -> None:
         d.set("model.tokenizer.do_lower_case", lower, "model.tokenizer.type")
 
 
-def _sentencepiece(d: _Doc, vocab: Any, name: Any) -> None:
+def _sentencepiece(d: NemoDoc, vocab: Any, name: Any) -> None:
     """NeMo's SentencePiece tokenizer: ``library: sentencepiece`` with the ``.model`` in ``tokenizer_model`` (NeMo's
     NLP configs; ``model`` in its Megatron configs) becomes ``model.tokenizer.vocab_file``, which every reader here
     takes (:func:`bio_megatron.vocab.bpe.load_tokenizer` knows a ``.model``)."""
@@ -467,7 +437,7 @@ def _sentencepiece(d: _Doc, vocab: Any, name: Any) -> None:
     d.set("model.tokenizer.vocab_file", model, src)
 
 
-def _datasets(d: _Doc, task: str, world_size: int | None) -> None:
+def _datasets(d: NemoDoc, task: str, world_size: int | None) -> None:
     accumulate = d.pop("__accumulate", 1)
     files = [f"model.{ds}.{k}" for ds in _DS_TARGET for k in (*_DS_FILE_KEYS[task], "labels_file")]
     if any(k in d.flat for k in files):

@@ -8,10 +8,9 @@ meaning here are listed, each with its reason, in ``nemo_compat.NO_EFFECT``: the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # (nemo_compat imports this module)
-    from bio_megatron.config.nemo_compat import _Doc
+from bio_megatron.config.nemo_doc import NemoDoc
 
 # (nemo_compat.NO_EFFECT gives this reason for trainer.strategy and Lightning 1.x's names of it)
 STRATEGY = ("the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
@@ -33,7 +32,7 @@ def _gpu_count(v: Any) -> int | str | None:
     return "auto" if v == -1 else (v or None)
 
 
-def lightning1(d: _Doc, task: str) -> None:
+def lightning1(d: NemoDoc, task: str) -> None:
     """PyTorch Lightning 1.x trainer keys of NeMo 1.x configs that have a meaning here, mapped to ours."""
     if "trainer.gpus" in d.flat:
         n = _gpu_count(d.pop("trainer.gpus"))

@@ -37,7 +37,7 @@ from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
 from bio_megatron.training.metrics import MetricsWriter, RunLogFile, fmt_eta, memory_gib, write_hparams
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import wrap_for_training
+from bio_megatron.training.pretrain import to_device, wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
@@ -50,14 +50,10 @@ log = get_logger(__name__)
 LOG_FILE = "run.log"  # the run's log lines, in its folder beside metrics.jsonl, hparams.yaml and tensorboard/
 
 
-def _to_device(batch: dict) -> dict:
-    return {k: v.cuda(non_blocking=True) for k, v in batch.items()} if torch.cuda.is_available() else batch
-
-
 def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
     """One micro-batch through encoder + head; on the last stage the task loss (and, for evaluation, the
     per-example predictions) are reported."""
-    b = _to_device(next(data_iterator))
+    b = to_device(next(data_iterator))
     args, kwargs = model_inputs(b)  # packed batches (model.dataset.packing) add the packed rows and their layout
     out = model(*args, **kwargs)
     if not ps.is_pipeline_last_stage():

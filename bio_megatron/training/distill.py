@@ -37,7 +37,7 @@ from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import _diverged, _to_device, wrap_for_training
+from bio_megatron.training.pretrain import diverged, to_device, wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import CheckpointError
@@ -59,7 +59,7 @@ def distill_forward_step(data_iterator, model, *, student: torch.nn.Module, teac
                          student_box: dict, teacher_box: dict, vocab_size: int, settings):
     """One micro-batch: the teacher forward (no grad), the student forward, the combined loss. In validation the
     reported loss is the student's masked-LM loss alone (comparable with pretraining's val_loss)."""
-    b = _to_device(next(data_iterator))
+    b = to_device(next(data_iterator))
     s_logits, _ = model(b["text"], b["padding_mask"], tokentype_ids=b["types"])
     s_hidden = student_box["hidden"].transpose(0, 1)
     if not model.training:
@@ -201,7 +201,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
         if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
             guarded_save(state, save, "final")
         if status == "diverged":
-            raise _diverged(run_dir, ckpt_root, state)
+            raise diverged(run_dir, ckpt_root, state)
         ckpt.write_status(run_dir, status, state.step)
         if status == "interrupted" and stop.keyboard:
             raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted); run the same "

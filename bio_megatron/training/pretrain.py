@@ -36,13 +36,13 @@ from bio_megatron.utils.log import get_logger
 log = get_logger(__name__)
 
 
-def _to_device(batch: dict) -> dict:
+def to_device(batch: dict) -> dict:
     return {k: v.cuda(non_blocking=True) for k, v in batch.items()} if torch.cuda.is_available() else batch
 
 
 def forward_step(data_iterator, model, binary_head: bool):
     """One micro-batch: MLM loss averaged over masked positions (+ the NSP/SOP loss when enabled)."""
-    b = _to_device(next(data_iterator))
+    b = to_device(next(data_iterator))
     out = model(b["text"], b["padding_mask"], tokentype_ids=b["types"], lm_labels=b["labels"])
     if not ps.is_pipeline_last_stage():
         return out, None  # hidden states for the next stage; the schedule never calls loss_func here
@@ -60,7 +60,7 @@ def electra_forward_step(data_iterator, model, seed: int, weight: float):
     batch = next(data_iterator)
     # Validation draws other noise than training: its sample positions restart at 0.
     seeds = electra_loss.noise_seeds(batch["sample_index"], seed, "train" if model.training else "valid")
-    b = _to_device(batch)
+    b = to_device(batch)
     out = model(b["text"], b["padding_mask"], b["types"], b["labels"], b["loss_mask"], seeds)
     loss, report = electra_loss.electra_loss(*out, b["padding_mask"], weight)
     return loss, lambda output: (output, report)
@@ -106,7 +106,7 @@ def wrap_for_training(model: torch.nn.Module, m: ModelConfig, dtype: torch.dtype
     return ddp
 
 
-def _diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError:
+def diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError:
     """Record the failure in ``status.json`` (rank 0) and build the error every rank raises."""
     latest = ckpt_root / "latest"
     kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none was saved"
@@ -236,7 +236,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
             guarded_save(state, save, "final")  # (a run resumed at max_steps has its final checkpoint already)
         if status == "diverged":
-            raise _diverged(run_dir, ckpt_root, state)
+            raise diverged(run_dir, ckpt_root, state)
         ckpt.write_status(run_dir, status, state.step)
         if status == "interrupted" and stop.keyboard:
             latest = ckpt_root / "latest"

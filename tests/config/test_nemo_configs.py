@@ -45,7 +45,8 @@ def test_megatron_bert_config_pretrain_dry_run(capsys):
     assert cfg["trainer"]["seed"] == 1234  # model.seed
     assert m["tokenizer"] == {"vocab_file": "bert_base_uncased", "do_lower_case": True}  # BertWordPieceLowerCase
     assert m["optim"]["sched"] == {"name": "CosineAnnealing", "warmup_steps": 500, "warmup_ratio": None,
-                                   "min_lr": 2e-5, "decay_steps": None, "constant_steps": 50000}
+                                   "min_lr": 2e-5, "decay_steps": None, "constant_steps": 50000,
+                                   "override_opt_param_scheduler": False}
     assert m["optim"]["betas"] == [0.9, 0.98] and m["data"]["data_prefix"] == [1.0, "/path/to/data"]
     assert out["vocab_size"] == 30522 and out["shape_status"] == "custom"
     warned = _warnings(records)

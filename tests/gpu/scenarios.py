@@ -43,7 +43,7 @@ class Stage:
         from bio_megatron.models.bert import precision_dtype
         from bio_megatron.parallel.distributed import init_model_parallel
         from bio_megatron.training.optimizer import build_optimizer
-        from bio_megatron.training.pretrain import _to_device, build_stage
+        from bio_megatron.training.pretrain import to_device, build_stage
 
         init_model_parallel(1, 1, seed)  # also seeds megatron's CUDA RNG tracker (dropout masks)
         cfg = PretrainConfig()
@@ -55,7 +55,7 @@ class Stage:
                                          use_distributed_optimizer=False, scaler=cfg.model)
         m = cfg.model
         self.seq, self.mb = m.encoder_seq_length, m.micro_batch_size
-        self.batch = _to_device({k: v for k, v in synthetic_batch(VOCAB, self.mb, self.seq, False).items()
+        self.batch = to_device({k: v for k, v in synthetic_batch(VOCAB, self.mb, self.seq, False).items()
                                  if v is not None})
         self.fwd_bwd = get_forward_backward_func()
         self.attention = type(self.model.encoder.layers[0].self_attention.core_attention).__name__
