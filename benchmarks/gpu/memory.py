@@ -68,7 +68,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, teardown
     from bio_megatron.training import memory
     from bio_megatron.training.optimizer import build_optimizer
-    from bio_megatron.training.pretrain import _to_device, build_stage, forward_step
+    from bio_megatron.training.pretrain import build_stage, forward_step, to_device
 
     gpu = torch.cuda.is_available()
     dtype = precision_dtype(args.precision)
@@ -91,7 +91,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
         fwd_bwd = get_forward_backward_func()
         fstep = partial(forward_step, binary_head=False)
         for mb in sizes:
-            batch = _to_device({k: v for k, v in synthetic_batch(args.vocab_size, mb, args.seq, False).items()
+            batch = to_device({k: v for k, v in synthetic_batch(args.vocab_size, mb, args.seq, False).items()
                                 if v is not None})
             row: dict[str, Any] = {"micro_batch": mb}
             try:
