@@ -89,18 +89,22 @@ def _evaluate(cell: Cell, plan: Plan, res: dict) -> dict:
     """``bio-megatron evaluate <task> --gold <test file> --pred <run>/test_predictions...`` (its functions)."""
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.evaluation.blurb import as_dict
-    from bio_megatron.tasks.blurb_scoring import EVALUATORS
+    from bio_megatron.tasks.blurb_scoring import EVALUATORS, METRIC_VARIANTS
 
     d = cell.dataset
     ds = load_finetune_config(d.task, cell.recipe, cell.overrides).model.dataset
     gold, pred = Path(ds.data_dir) / ds.test_file, res.get("test_predictions")
     command = f"bio-megatron evaluate {d.evaluator} --gold {gold} --pred {pred}"
+    scorer = EVALUATORS[d.evaluator].score
+    if d.evaluator_metric:
+        command += f" --metric {d.evaluator_metric}"
+        scorer = METRIC_VARIANTS[(d.evaluator, d.evaluator_metric)]
     if not pred:
         if d.needs_predictions:
             raise DataError(f"the run wrote no test predictions for `{command}`", str(cell.run_dir / "results.json"))
         return {"skipped": "the run wrote no test predictions", "command": command}
     try:
-        return {**as_dict(EVALUATORS[d.evaluator].score(str(gold), pred), d.evaluator), "command": command}
+        return {**as_dict(scorer(str(gold), pred), d.evaluator), "command": command}
     except DataError as exc:
         if plan.options.max_examples is None or d.needs_predictions:
             raise

@@ -10,9 +10,8 @@ one JSON object: ``task``, ``metric``, ``score`` (BLURB's headline, 0-1 scale) a
 from __future__ import annotations
 
 import argparse
-from typing import Mapping
 
-from bio_megatron.tasks.blurb_scoring import EVALUATORS
+from bio_megatron.tasks.blurb_scoring import EVALUATORS, METRIC_VARIANTS
 
 
 def register(ev: argparse._SubParsersAction) -> None:
@@ -46,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     label_map = getattr(args, "label_map", None)
     score = task.score
     if getattr(args, "metric", "blurb") == "blue":
-        score = _hoc_blue
+        score = METRIC_VARIANTS[(args.blurb_task, "blue")]
     if label_map:
         result = score(args.gold, args.pred, _label_map(label_map, args.blurb_task))
     else:
@@ -74,18 +73,3 @@ def _label_map(path: str, task_name: str) -> dict[int, str]:
     id_to_label = {i: name for name, i in read_label_ids(path).items()}
     check_label_map(id_to_label, dataset(task_name).labels, path)
     return id_to_label
-
-
-def _hoc_blue(gold: str, pred: str, label_map: Mapping[int, str] | None = None) -> object:
-    """``evaluate hoc --metric blue``: gold and predictions read and checked exactly as for BLURB's metric, scored
-    with BLUE's abstract-level formula."""
-    from bio_megatron.evaluation.blurb import HOC_LABELS
-    from bio_megatron.evaluation.blurb_predictions import label_set_parser, read_json_predictions
-    from bio_megatron.evaluation.hoc_blue import hoc_blue_scores
-    from bio_megatron.tasks.blurb_data import read_hoc
-
-    examples = read_hoc(gold)
-    preds = read_json_predictions(pred, "labels", [e.id for e in examples], label_set_parser(HOC_LABELS, label_map),
-                                  gold)
-    return hoc_blue_scores([e.doc_id for e in examples], [e.labels for e in examples],
-                           [preds[e.id] for e in examples])

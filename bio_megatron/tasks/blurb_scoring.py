@@ -138,3 +138,23 @@ EVALUATORS: dict[str, Evaluator] = {
                     "BLURB JNLPBA tsv: '-DOCSTART- PMID' lines, token<TAB>B/I/O sentences",
                     _CONLL + "; tags O, B, I", _jnlpba),
 }
+
+
+def _hoc_blue(gold: str, pred: str, label_map: Mapping[int, str] | None = None):
+    """``evaluate hoc --metric blue``: gold and predictions read and checked exactly as for BLURB's metric, scored
+    with BLUE's abstract-level formula."""
+    from bio_megatron.evaluation.blurb import HOC_LABELS
+    from bio_megatron.evaluation.blurb_predictions import label_set_parser, read_json_predictions
+    from bio_megatron.evaluation.hoc_blue import hoc_blue_scores
+    from bio_megatron.tasks.blurb_data import read_hoc
+
+    examples = read_hoc(gold)
+    preds = read_json_predictions(pred, "labels", [e.id for e in examples], label_set_parser(HOC_LABELS, label_map),
+                                  gold)
+    return hoc_blue_scores([e.doc_id for e in examples], [e.labels for e in examples],
+                           [preds[e.id] for e in examples])
+
+
+# ``evaluate <task> --metric <name>``: another publication's formula on the same gold and predictions, keyed by
+# (task, metric). bio-lm (paper 004 §3) reports HoC with BLUE's abstract-level F, BLURB with its micro F1.
+METRIC_VARIANTS: dict[tuple[str, str], Callable] = {("hoc", "blue"): _hoc_blue}

@@ -94,7 +94,7 @@ def test_rows_report_the_median_over_seeds_and_the_group_means_of_the_medians():
     assert means["Mean (Seq. Lab.)"]["mean"] == pytest.approx(statistics.fmean(median[k] for k in TABLE1[:11]))
     assert means["Mean (all)"]["mean"] == pytest.approx(statistics.fmean(median[k] for k in TABLE1 if k != "mednli"))
     md = median_markdown(res)
-    assert f"| HOC | Classification | F1 | **{median['hoc']:.2f}** |" in md
+    assert f"| HOC | Classification | F1 (abstract, BLUE) | **{median['hoc']:.2f}** |" in md
     assert f"| *Mean (Clinical)* (without MedNLI) | | mean of the medians | **{means['Mean (Clinical)']['mean']:.2f}** |" in md
 
 
@@ -172,3 +172,29 @@ def test_gad_cell_is_the_median_over_folds_2_to_10(model, tmp_path):
     reported = [r["test"] for r in folds["folds"] if not r["tuning"]]
     cell = json.loads((out / "cells" / "gad" / "seed42" / "cell.json").read_text())
     assert cell["scores"]["score"] == pytest.approx(100 * statistics.median(reported), abs=1e-9)
+
+
+def test_hoc_cell_reports_blues_abstract_level_f(model, tmp_path, capsys):
+    """bio-lm reports HoC with BLUE's abstract-level F (paper 004 §3), not BLURB's micro F1: the HoC cell's score is
+    `evaluate hoc --metric blue` on the run's test predictions, and the cell records that command."""
+    fixture = ROOT / "tests" / "fixtures" / "blurb" / "HoC" / "test.tsv"
+    data = tmp_path / "HoC"
+    data.mkdir()
+    for name in ("train.tsv", "dev.tsv", "test.tsv"):  # 7 sentences of 2 abstracts: --max-examples 8 keeps them all
+        (data / name).write_text(fixture.read_text(encoding="utf-8"), encoding="utf-8")
+    rmap = tmp_path / "map.yaml"
+    rmap.write_text(json.dumps({"hoc": {"overrides": [f"model.dataset.data_dir={data}"]}}))
+    out = tmp_path / "s"
+    argv = ["benchmark", "biolm", "--model", str(model), "--out", str(out), "--seeds", "42", "--datasets", "hoc",
+            "--recipe-map", str(rmap), *SMOKE]
+    assert run_world(1, _suite, argv) == [0]
+    cell = json.loads((out / "cells" / "hoc" / "seed42" / "cell.json").read_text())
+    evaluation = cell["evaluation"]
+    assert evaluation["command"].startswith("bio-megatron evaluate hoc --gold ")
+    assert evaluation["command"].endswith(" --metric blue"), evaluation
+    gold, pred = evaluation["command"].split(" --gold ")[1].split(" --metric ")[0].split(" --pred ")
+    capsys.readouterr()
+    assert main(["evaluate", "hoc", "--gold", gold, "--pred", pred, "--metric", "blue"]) == 0
+    blue = json.loads(capsys.readouterr().out)
+    assert cell["scores"]["score"] == pytest.approx(100 * blue["score"], abs=1e-9)
+    assert "F1 (abstract, BLUE)" in (out / "results.md").read_text()
