@@ -8,6 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+from bio_megatron.utils.log import get_logger
+
+log = get_logger()
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers, BLURB classes)")
@@ -16,7 +20,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "entity's word tags), one JSON line per document")
     ner.add_argument("--checkpoint", required=True, help="fine-tuned NER checkpoint or HF token-classification folder")
     ner.add_argument("--input", required=True, help="text.txt (one document per line) or docs.jsonl ({id, text})")
-    ner.add_argument("--out", help="output JSON lines (written atomically); default stdout")
+    ner.add_argument("--out", help="output JSON lines, streamed to <out>.partial window by window and renamed onto "
+                     "--out when complete; a rerun after a kill continues there; default stdout (streamed, no resume)")
+    ner.add_argument("--window", type=_positive, default=4096,
+                     help="sentences tagged (and written) together, shortest first (default 4096)")
+    ner.add_argument("--workers", type=_positive, default=1,
+                     help="processes, each loading the model and taking whole windows; output stays in input order "
+                     "(CPU: the torch threads are divided among them)")
+    ner.add_argument("--overwrite", action="store_true",
+                     help="start over, discarding an unfinished <out>.partial of other inputs")
     ner.set_defaults(func=run_ner)
     qa = tasks.add_parser("qa", help="answers to questions over given contexts")
     qa.add_argument("--checkpoint", required=True, help="fine-tuned QA checkpoint or HF question-answering folder")
@@ -34,6 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     cls.set_defaults(func=run_classify)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
 def _load(path: str, task: str):
     from bio_megatron.loading.finetuned import load_finetuned, single_process
 
@@ -42,20 +64,40 @@ def _load(path: str, task: str):
 
 
 def run_ner(args: argparse.Namespace) -> int:
+    from bio_megatron.loading.finetuned import finetuned_source
     from bio_megatron.parallel.distributed import teardown
-    from bio_megatron.predict.ner import predict_documents, read_documents
-    from bio_megatron.utils.io import check_output_file
+    from bio_megatron.predict import stream
+    from bio_megatron.predict.ner import predict_window, read_documents, sentence_count
+    from bio_megatron.utils.io import check_output_file, check_output_path
 
+    state = None
     if args.out:  # a folder or an unwritable place is refused before the model loads, not after the work
         check_output_file(args.out)
-    docs = list(read_documents(args.input))  # validate the whole input before loading the model
+        for path in stream.partial_paths(args.out):
+            check_output_path(path, [args.input, args.checkpoint], "the unfinished output (--out)")
+    # the whole input is read once first, nothing kept: a bad line is refused before the model loads
+    total_docs, total_bytes = stream.scan(read_documents(args.input))
+    finetuned_source(args.checkpoint, "ner")  # a model of another task is refused before anything is written
+    docs = read_documents(args.input)
+    progress = stream.Progress(total_docs, total_bytes)
+    if args.out:
+        identity = {"input": stream.input_identity(args.input), "checkpoint": stream.model_identity(args.checkpoint)}
+        state = stream.new_state(identity)
+        partial, _ = stream.partial_paths(args.out)
+        if stream.resume_state(args.out, identity, args.overwrite):
+            progress.docs, progress.done_bytes = stream.skip_done(partial, docs)
+            progress.start_bytes = progress.done_bytes
+            log.info("predict ner: continuing %s after %d of %d documents", partial, progress.docs, total_docs)
     try:
-        loaded = _load(args.checkpoint, "ner")
-        # batched across documents, shortest sentences together (predict_documents says why)
-        lines = [json.dumps({"id": i, "entities": ents}) for i, ents in predict_documents(loaded, docs)]
+        loaded = None
+        if args.workers == 1:
+            loaded = _load(args.checkpoint, "ner")
+        results = stream.stream_predictions(
+            docs, window=args.window, workers=args.workers, checkpoint=args.checkpoint, batch_size=32,
+            count=sentence_count, tag=lambda win: predict_window(loaded, win))
+        stream.write_stream(results, progress, args.out, state)
     finally:
         teardown()
-    _write_lines(args.out, lines)
     return 0
 
 

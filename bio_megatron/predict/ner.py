@@ -10,6 +10,7 @@ words, of the softmax probability of the word's predicted tag at that first sub-
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -94,6 +95,17 @@ def predict_documents(loaded: Loaded, docs: Iterable[tuple[str, str]], batch_siz
             pending, count = [], 0
     if pending:
         yield from _predict_window(loaded, pending, batch_size)
+
+
+def predict_window(loaded: Loaded, docs: list[tuple[str, str]], batch_size: int = 32) -> list[tuple[str, list[dict]]]:
+    """``(id, entities)`` of every document of one window, all its sentences batched together (``predict --workers``
+    and the streaming path cut the windows themselves)."""
+    return list(predict_documents(loaded, docs, batch_size, window=sys.maxsize))
+
+
+def sentence_count(text: str) -> int:
+    """The sentences a document is split into before the model's length cuts: what a window is measured in."""
+    return len(split_sentences(text)) if text.strip() else 0
 
 
 @torch.no_grad()
