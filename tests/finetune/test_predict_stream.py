@@ -9,6 +9,8 @@ real mixture) on ~100 documents of real BC5CDR sentences; every CLI run is the r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -57,8 +59,9 @@ def _reference(model: str, docs_file: str) -> list[dict]:
 def _cli_runs(runs: list[list[str]]) -> list[dict]:
     out = []
     for argv in runs:
-        rc, msg = run_cli(argv, level=logging.INFO, sep="\n")
-        out.append({"rc": rc, "msg": msg})
+        with contextlib.redirect_stdout(io.StringIO()) as stdout:
+            rc, msg = run_cli(argv, level=logging.INFO, sep="\n")
+        out.append({"rc": rc, "msg": msg, "stdout": stdout.getvalue()})
     return out
 
 
@@ -92,9 +95,11 @@ def test_streamed_output_equals_one_shot_for_any_window_and_worker_count(corpus)
     outs = {name: tmp / f"{name}.jsonl" for name in ("w3", "w7x2")}
     base = ["predict", "ner", "--checkpoint", model, "--input", docs]
     (res,) = run_world(1, _cli_runs, [base + ["--out", str(outs["w3"]), "--window", "3"],
-                                      base + ["--out", str(outs["w7x2"]), "--window", "7", "--workers", "2"]],
+                                      base + ["--out", str(outs["w7x2"]), "--window", "7", "--workers", "2"],
+                                      base + ["--window", "4"]],  # to stdout: streamed as it comes
                        timeout=300)
-    assert [r["rc"] for r in res] == [0, 0], res
+    assert [r["rc"] for r in res] == [0, 0, 0], res
+    _assert_same([json.loads(x) for x in res[2]["stdout"].splitlines()], corpus["ref"])
     for r in res:  # progress lines with the rate and an ETA, then the summary
         assert "sentences/s, ETA" in r["msg"] and f"{len(corpus['ref'])} documents, " in r["msg"], r["msg"]
     for out in outs.values():
