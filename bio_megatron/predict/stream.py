@@ -247,7 +247,9 @@ class _Workers:
             return
         if status == "error":
             kind, message = value
-            raise BioMegatronError(message) if kind == "user" else RuntimeError(f"a predict ner worker failed:\n{message}")
+            if kind == "user":
+                raise BioMegatronError(message)
+            raise RuntimeError(f"a predict ner worker failed:\n{message}")
         done[k] = value
 
     def close(self, now: bool = False) -> None:
