@@ -200,6 +200,8 @@ def test_benchmark_sbatch_fails_fast(env, message):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the fuller variant of test_blurb_suite_end_to_end_with_the_evaluators and the
+# paper-suite runs above (every fixture dataset, 2 seeds, the head grid): 15 s of the default suite's budget
 def test_fuller_blurb_and_paper_runs(model, tmp_path):
     """BLURB over every dataset with a fixture (2 seeds), and the paper's protocol with its head grid (2 points
     x 2 seeds): the chosen point is the best mean dev one."""
