@@ -31,13 +31,13 @@ from bio_megatron.models.bert import describe_precision, dtype_name, precision_d
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
-from bio_megatron.training import distill_loss, memory, resume_checks
+from bio_megatron.training import distill_loss, memory
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import diverged, to_device, wrap_for_training
+from bio_megatron.training.pretrain import continued_from, diverged, to_device, wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import CheckpointError
@@ -125,17 +125,11 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     run_dir, ckpt_root = cfg.run_dir, cfg.run_dir / "checkpoints"
     padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     teacher_hidden = teacher.config.hidden_size
-    ckpt.remove_stale_saves(ckpt_root)
-    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
-        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
-    restore = Path(m.restore_from_path) if m.restore_from_path and resume is None else None
+    resume, restore = continued_from(cfg, tokenizer)
     if resume is not None:
-        resume = Path(ckpt.read_metadata(resume)["path"])
-        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
         _warn_changed_distillation(resume, cfg)
     elif restore is not None:
         restore = Path(ckpt.read_metadata(restore)["path"])
-        resume_checks.check_compatible(restore, cfg, tokenizer.vocab_file, "restore")
     if not t.skip_memory_check:
         memory.check_fits(m, padded, dtype, ps.get_data_parallel_world_size())
     data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),

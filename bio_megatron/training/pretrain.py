@@ -106,6 +106,24 @@ def wrap_for_training(model: torch.nn.Module, m: ModelConfig, dtype: torch.dtype
     return ddp
 
 
+def continued_from(cfg, tokenizer) -> tuple[Path | None, Path | None]:
+    """(checkpoint resumed, resolved through its metadata; path restored from) of a run, each checked compatible with
+    ``cfg`` and the vocabulary in one line: pretraining's and distillation's start, settled before anything
+    allocates. Stale half-written saves of the run are removed first."""
+    e, m = cfg.exp_manager, cfg.model
+    ckpt_root = cfg.run_dir / "checkpoints"
+    ckpt.remove_stale_saves(ckpt_root)
+    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
+        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
+    restore = Path(m.restore_from_path) if m.restore_from_path and resume is None else None
+    if resume is not None:
+        resume = Path(ckpt.read_metadata(resume)["path"])
+        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
+    elif restore is not None:
+        resume_checks.check_compatible(Path(ckpt.read_metadata(restore)["path"]), cfg, tokenizer.vocab_file, "restore")
+    return resume, restore
+
+
 def diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError:
     """Record the failure in ``status.json`` (rank 0) and build the error every rank raises."""
     latest = ckpt_root / "latest"
@@ -153,15 +171,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     padded = padded_vocab_size(tokenizer.vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     # What is continued from (and whether it may be) is settled before the data pipeline and the model allocate
     # anything: a mismatch with the checkpoint is reported as the checkpoint's, in one line.
-    ckpt.remove_stale_saves(ckpt_root)
-    resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
-        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
-    restore = Path(m.restore_from_path) if m.restore_from_path and resume is None else None
-    if resume is not None:
-        resume = Path(ckpt.read_metadata(resume)["path"])
-        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
-    elif restore is not None:
-        resume_checks.check_compatible(Path(ckpt.read_metadata(restore)["path"]), cfg, tokenizer.vocab_file, "restore")
+    resume, restore = continued_from(cfg, tokenizer)
     if not t.skip_memory_check:
         memory.check_fits(m, padded, dtype, ps.get_data_parallel_world_size())
     data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
