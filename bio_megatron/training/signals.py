@@ -30,6 +30,9 @@ class StopRequest:
         self.received: int | None = None
         self.keyboard = False
         """A SIGINT (Ctrl-C) was among the stop signals, on this rank or (after :meth:`agreed`) on any."""
+        self._heard_sigint = False
+        """What this rank's handler heard, never overwritten by :meth:`agreed`: a SIGINT landing while the
+        all-reduce runs is counted in the next one instead of being erased by this one's result."""
         self._first_sigint: float | None = None
         self._previous = {}
         for sig in signals:
@@ -44,13 +47,14 @@ class StopRequest:
                 self._first_sigint = now
                 log.warning("Ctrl-C: saving a checkpoint at the end of this step, then stopping "
                             "(press Ctrl-C again to abort without saving)")
+            self._heard_sigint = True
             self.keyboard = True
         self.received = signum
 
     def agreed(self) -> bool:
         """True on every rank when any rank received a stop signal (``keyboard`` then says whether any of them
         was a Ctrl-C, on every rank alike)."""
-        flag = torch.tensor([1.0 if self.received is not None else 0.0, 1.0 if self.keyboard else 0.0])
+        flag = torch.tensor([1.0 if self.received is not None else 0.0, 1.0 if self._heard_sigint else 0.0])
         if torch.cuda.is_available():
             flag = flag.cuda()
         if dist.is_initialized() and dist.get_world_size() > 1:

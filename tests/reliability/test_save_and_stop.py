@@ -104,6 +104,27 @@ def test_second_ctrl_c_aborts_at_once():
         stop.restore()
 
 
+def test_ctrl_c_landing_during_the_agreement_is_kept_for_the_next_one(monkeypatch):
+    """A SIGINT whose handler runs while the ranks' all-reduce is in flight (Python runs it right after the call
+    returns) must not be erased by that reduce's result: the next agreement stops as Ctrl-C (exit 130), not as a
+    scheduler's SIGTERM (exit 0). CI once saw exactly this under torchrun."""
+    from bio_megatron.training import signals
+
+    def reduce_while_the_signal_lands(flag, op=None):
+        os.kill(os.getpid(), signal.SIGINT)  # the flag was built before; the handler runs as this returns
+
+    monkeypatch.setattr(signals.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(signals.dist, "get_world_size", lambda: 2)
+    monkeypatch.setattr(signals.dist, "all_reduce", reduce_while_the_signal_lands)
+    stop = signals.StopRequest()
+    try:
+        assert stop.agreed() is False  # this reduce carried no signal yet
+        monkeypatch.setattr(signals.dist, "all_reduce", lambda flag, op=None: None)
+        assert stop.agreed() is True and stop.keyboard
+    finally:
+        stop.restore()
+
+
 def test_ctrl_c_under_torchrun_saves_on_every_rank(pubmed_prefix, tmp_path):
     """A terminal's Ctrl-C reaches torchrun and its workers (one foreground group); torchrun then forwards its own
     SIGINT to them: still one save, on both ranks, and both stop with the one line."""
