@@ -15,8 +15,7 @@ import pytest
 from architectures.hf_parity import (VOCAB_FILE, imported, masked_max_diff, padded_batch, perturb_norms_and_biases,
                                      vocab_lines)
 from harness import run_world
-from reliability.cli_log import run_cli
-from reliability.files import tree_digest
+from layouts import encoder_hidden, import_refusal, our_logits
 
 SEQ, H, LAYERS = 32, 64, 4
 
@@ -60,45 +59,15 @@ def modernbert(tmp_path_factory):
     return imported(tmp_path_factory, "hf_modernbert", _make_mlm)
 
 
-def _our_logits(ckpt: str, tp: int) -> dict | None:
-    """The imported checkpoint at TP ``tp`` (dist-checkpointing reshards it): MLM logits gathered over TP."""
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.families import family_of_model
-    from bio_megatron.loading.source import resolve_source
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.training.checkpoint import load_checkpoint
-
-    init_distributed()
-    init_model_parallel(tp, 1, seed=1)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, transformer_impl="local", hidden_dropout=0.0,
-                    attention_dropout=0.0)
-    m.make_vocab_size_divisible_by = src.padded_vocab // tp  # the saved padding, sharded over TP
-    vocab = vocab_lines(src.vocab_file)
-    model = family_of_model(m).build_pretraining_model(m, vocab, torch.float32).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    with torch.no_grad():
-        logits, nsp = model(*_batch(vocab))
-        logits = gather_from_tensor_model_parallel_region(logits)
-    if ps.get_tensor_model_parallel_rank():
-        return None
-    return {"family": src.shape["family"], "mlm": logits[..., :vocab].numpy(), "nsp": nsp,
-            "padded_max": logits[..., vocab:].max().item(), "type": type(model).__name__}
-
-
 @pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
 def test_imported_modernbert_logits_equal_transformers(modernbert, tp):
     root, ref = modernbert
     if tp == 1:  # import hf --verify compared transformers' own class from the folder with the written checkpoint
         report = ref["import"]["verify"]
         assert report["verified"] and report["max_abs_diff"] < 1e-4, report
-    res = [r for r in run_world(tp, _our_logits, str(root / "ckpt"), tp) if r is not None]
+    res = [r for r in run_world(tp, our_logits, str(root / "ckpt"), tp, _batch(ref["vocab"])) if r is not None]
     assert len(res) == 1 and res[0]["family"] == "modernbert" and res[0]["type"] == "ModernBertModel", res
-    assert res[0]["nsp"] is None
+    assert res[0]["binary"] is None
     valid = _batch(ref["vocab"])[1].bool().numpy()
     mlm = masked_max_diff(res[0]["mlm"], ref["mlm"], valid)
     assert abs(ref["mlm"]).max() > 1.0  # non-trivial logits
@@ -135,23 +104,11 @@ def test_export_hf_loads_in_transformers_with_same_logits(modernbert):
     assert masked_max_diff(res["mlm"], ref["mlm"], valid) < 1e-4
 
 
-def _encoder_hidden(path: str, theirs) -> float:
-    """Fine-tuning's encoder (TaskModel through the family's task_encoder, identity head) filled from ``path``."""
-    import torch
-
-    from architectures.hf_parity import encoder_hidden_diff
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-
-    init_distributed()
-    init_model_parallel(1, 1, seed=1)
-    ids, amask = _batch(vocab_lines())
-    return encoder_hidden_diff(path, ids, amask, torch.zeros_like(ids), torch.from_numpy(theirs))
-
-
 def test_fine_tuning_encoder_equals_modernbert_model(modernbert):
     root, ref = modernbert
+    ids, amask = _batch(ref["vocab"])
     for source in ("ckpt", "hf"):
-        (diff,) = run_world(1, _encoder_hidden, str(root / source), ref["hidden"])
+        (diff,) = run_world(1, encoder_hidden, str(root / source), ids, amask, 0 * ids, ref["hidden"])
         assert diff < 1e-4, (source, diff)
 
 
@@ -242,12 +199,8 @@ def _write_bad(folder: str) -> None:
 def test_unsupported_attention_pattern_is_refused_in_one_line(tmp_path):
     """HF's layer_types with global layers 0, 1, 3 (not "every N-th"): exit 2, one line naming the file and the
     option; nothing written at --out."""
-    run_world(1, _write_bad, str(tmp_path / "hf"))
-    before = tree_digest(tmp_path / "hf")
-    rc, text = run_cli(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], sep="\n")
-    assert rc == 2 and len(text.splitlines()) == 1, text
+    text = import_refusal(_write_bad, tmp_path)
     assert "config.json" in text and "layer_types" in text and "[0, 1, 3]" in text, text
-    assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
 
 
 def _packed_vs_separate(ckpt: str) -> dict:
