@@ -59,3 +59,45 @@ def test_validation_baseline_scores_the_validation_tokens_by_the_training_freque
     got = validation_unigram_cross_entropy(pubmed_prefix, vocab)
     assert got == pytest.approx(expected, abs=1e-9)
     assert got > training_unigram_entropy(pubmed_prefix) + 0.3  # the val documents are another distribution
+
+
+@pytest.mark.parametrize("sizes", [(81, 3), (5, 5), (10, 1, 3), (1, 40)])
+def test_interleaving_puts_every_source_in_proportion_in_any_tail(sizes):
+    from bio_megatron.demo import interleave_sources
+
+    sources = [[(s, i) for i in range(n)] for s, n in enumerate(sizes)]
+    order = interleave_sources(sources)
+    assert sorted(order) == sorted(x for src in sources for x in src)
+    for s, n in enumerate(sizes):  # each source keeps its own order
+        assert [i for src, i in order if src == s] == list(range(n))
+    total = sum(sizes)
+    for k in range(1, total + 1):
+        tail = [src for src, _ in order[-k:]]
+        for s, n in enumerate(sizes):
+            assert abs(tail.count(s) - k * n / total) <= 1, (sizes, k, s)
+
+
+def test_demo_holds_out_documents_drawn_like_the_training_documents(pubmed_prefix, tmp_path):
+    """The demo's corpus is the fixture's documents in another order: megatron-core's validation tail (the last 5%
+    of documents) no longer holds every PMC article (the fixture's order: PubMed, then PMC, so training saw no PMC
+    text and its held-out set was another distribution), but documents in each source's share of the corpus."""
+    from bio_megatron.demo import build_demo_corpus, validation_unigram_cross_entropy
+
+    base = IndexedDataset(str(pubmed_prefix))
+    demo_prefix = build_demo_corpus(tmp_path, interleave=True)
+    mixed = IndexedDataset(str(demo_prefix))
+
+    def documents(ds) -> list[tuple[int, ...]]:
+        di = ds.document_indices
+        return [tuple(int(t) for i in range(di[d], di[d + 1]) for t in ds[i]) for d in range(len(di) - 1)]
+
+    base_docs, mixed_docs = documents(base), documents(mixed)
+    assert sorted(base_docs) == sorted(mixed_docs) and base_docs != mixed_docs  # same documents, reordered
+    pmc = set(base_docs[81:])  # the fixture's order: 81 PubMed abstracts, then the 3 PMC articles
+    assert len(base_docs) == 84 and len(pmc) == 3
+    n_train = int(round(0.95 * len(mixed_docs)))  # megatron-core's split rule for 950,50,0
+    assert set(base_docs[n_train:]) >= pmc  # before: every PMC article held out, none trained on
+    train, held_out = mixed_docs[:n_train], mixed_docs[n_train:]
+    assert pmc <= set(train) and not pmc & set(held_out)  # 3/84 of 4 held-out documents rounds to none
+    # the yardstick follows the split: the held-out abstracts under the training frequencies (PMC included)
+    assert validation_unigram_cross_entropy(demo_prefix, 30522) < validation_unigram_cross_entropy(pubmed_prefix, 30522)
