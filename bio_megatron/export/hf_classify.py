@@ -39,7 +39,7 @@ def classify_to_hf(src: Source) -> tuple[dict, object, bool, list[str]]:
     m, shape, tok = loaded.cfg.model, loaded.model.shape, loaded.tokenizer
     family = family_of_model(m)
     settings = head_settings("classify", m)
-    if family.tokenizer_kind == "bpe":
+    if family.tokenizer_kind == "bpe" and not getattr(family, "owns_task_heads", False):
         raise CheckpointError(f"{src.path}: a byte-level BPE ({family.name}) classify model has no export here yet "
                               "(only WordPiece BERT / MegatronBERT sequence classifiers)")
     cls = plain_class("classify", settings, shape.hidden_size, family)
@@ -53,10 +53,11 @@ def classify_to_hf(src: Source) -> tuple[dict, object, bool, list[str]]:
     if problems:
         raise CheckpointError(f"{src.path}: {cls} cannot compute this model: " + "; ".join(problems))
     sd = loaded.model.state_dict()
-    hsd = {**family.to_hf(sd, m, tok.vocab_size, binary_head=False), **family.head_to_hf("classify", sd)}
+    tokens = family.hf_tokens(tok)  # the special-token ids the family's config records (ModernBERT's)
+    hsd = {**family.to_hf(sd, m, tok.vocab_size, binary_head=False, **tokens), **family.head_to_hf("classify", sd)}
     labels = list(loaded.labels)
     task_name = m.dataset.task_name
-    config = family.hf_config(m, tok.vocab_size, architectures=[cls], num_labels=len(labels),
+    config = family.hf_config(m, tok.vocab_size, **tokens, architectures=[cls], num_labels=len(labels),
                               id2label=dict(enumerate(labels)), label2id={t: i for i, t in enumerate(labels)},
                               problem_type=PROBLEM_TYPE[dataset(task_name).mode], finetuning_task=task_name)
     return hsd, config, tok.lowercase, labels

@@ -38,6 +38,8 @@ def head_settings(task: str, model_cfg: FinetuneModelConfig) -> dict:
 
 def plain_class(task: str, settings: dict, hidden_size: int, family: Family = MEGATRON_BERT) -> str | None:
     """The ``family``'s transformers class that computes exactly this head, or None when only remote code can."""
+    if getattr(family, "owns_task_heads", False):  # the family builds its HF classes' own head (ModernBERT)
+        return family.hf_class(task)
     if task in ("ner", "qa") and settings["num_fc_layers"] == 1:
         return family.hf_class(task)  # a single Linear: width and activation play no part
     if (task in ("re", "classify") and settings["num_fc_layers"] == 2 and settings["activation"] == "tanh"

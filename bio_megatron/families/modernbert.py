@@ -22,9 +22,15 @@ An HF config the engine cannot compute exactly is refused by name (one line, exi
 activation, a RoPE type other than ``default``, a ``head_dim`` other than hidden/heads, or an attention pattern
 other than "global on layers 0, N, 2N, ..." (``layer_types``).
 
-The token/sequence classification and QA classes put ModernBERT's prediction head (dense, GELU, LayerNorm) and
-a pooling choice before their classifier: no task head of ours computes that yet, so those folders are refused
-by name at import and export (``export_problems`` / ``head_from_hf``).
+Task classes (``ModernBertFor{Token,Sequence}Classification``, ``ModernBertForQuestionAnswering``): a ModernBERT
+model's task head is always theirs (:class:`~bio_megatron.models.modernbert.ModernBertTaskHead`: prediction head
+dense-GELU-norm, dropout, classifier; ``models.heads.build_head`` picks it for the family), so every fine-tuned
+ModernBERT exports to the plain class and every such folder imports::
+
+    head.dense / head.norm / head.classifier        -> head.dense / head.norm / classifier
+
+Sequence classification pools the [CLS] position (``classifier_pooling: cls``); a folder with ``mean`` pooling is
+refused by name at import (our heads see the hidden states, not the padding mask).
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ _LAYER = (("self_attention.linear_proj", "attn.Wo"), ("pre_mlp_layernorm", "mlp_
 _TOP = (("embedding.word_embeddings", "model.embeddings.tok_embeddings"), ("embedding.norm", "model.embeddings.norm"),
         ("encoder.final_layernorm", "model.final_norm"))
 _HEAD = (("lm_head.dense", "head.dense"), ("lm_head.norm", "head.norm"))
+# a task head (ours -> HF's): the prediction head keeps its names, the classifier leaves ``head.``
+_TASK_HEAD = (("head.dense.weight", "head.dense.weight"), ("head.norm.weight", "head.norm.weight"),
+              ("head.classifier.weight", "classifier.weight"), ("head.classifier.bias", "classifier.bias"))
+_POOLED = ("ModernBertForSequenceClassification", "ModernBertForMultipleChoice")
 # HF keys that must hold these values for the engine to compute the model exactly
 _FIXED = {"hidden_activation": "gelu", "classifier_activation": "gelu", "norm_bias": False, "attention_bias": False,
           "mlp_bias": False, "classifier_bias": False, "decoder_bias": True, "tie_word_embeddings": True}
@@ -103,6 +113,10 @@ class ModernBertFamily:
             problems.append(f"hidden_size ({h}) not divisible by num_attention_heads ({heads})")
         if cfg.get("head_dim") not in (None, h // heads):
             problems.append(f"head_dim {cfg['head_dim']!r} (only hidden_size / num_attention_heads)")
+        arch = (cfg.get("architectures") or [""])[0]
+        if arch in _POOLED and cfg.get("classifier_pooling", "cls") != "cls":
+            problems.append(f"{arch} with classifier_pooling {cfg['classifier_pooling']!r} (only 'cls': our task "
+                            "heads see the hidden states, not the padding mask a mean needs)")
         if problems:
             raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
         return {"num_layers": cfg["num_hidden_layers"], "hidden_size": h, "num_attention_heads": heads,
@@ -125,7 +139,10 @@ class ModernBertFamily:
                       local_attention=setting(m, "local_attention"),
                       global_attn_every_n_layers=setting(m, "global_attn_every_n_layers"),
                       global_rope_theta=setting(m, "global_rope_theta"),
-                      local_rope_theta=setting(m, "local_rope_theta"), **_FIXED)
+                      local_rope_theta=setting(m, "local_rope_theta"), classifier_pooling="cls", **_FIXED)
+        head = getattr(m, "classifier_head", None) or getattr(m, "head", None)
+        if head is not None:  # a fine-tuned model: its classifier dropout (HF applies it before the classifier)
+            fields["classifier_dropout"] = float(head.fc_dropout)
         return ModernBertConfig(**{**fields, **extra})
 
     def hf_tokens(self, tokenizer) -> dict[str, int]:
@@ -139,9 +156,6 @@ class ModernBertFamily:
         problems = []
         if m.transformer_block_type != "pre_ln":
             problems.append(f"transformer_block_type {m.transformer_block_type} (ModernBERT's layers are pre-LN)")
-        if task is not None:
-            problems.append(f"task {task}: {_TASK_CLASS[task]} puts ModernBERT's prediction head (dense, GELU, "
-                            "LayerNorm) before its classifier, which no task head of ours computes yet")
         return problems
 
     def to_hf(self, sd: dict[str, torch.Tensor], m: ModelConfig, vocab_size: int, *, binary_head: bool,
@@ -192,7 +206,7 @@ class ModernBertFamily:
         if decoder is not None and not torch.equal(decoder, word):
             raise CheckpointError("decoder.weight differs from the word embeddings (untied output embeddings): not "
                                   "supported, the engine ties them")
-        if "head.dense.weight" in hsd:
+        if "decoder.bias" in hsd:  # ModernBertForMaskedLM (a task class's ``head.*`` is its task head)
             out.update({f"{o}.weight": hsd[f"{t}.weight"] for o, t in _HEAD})
             out["output_layer.bias"] = pad(hsd["decoder.bias"])
         return {k: v.detach().clone().contiguous() for k, v in out.items()}
@@ -208,15 +222,15 @@ class ModernBertFamily:
 
         return modernbert_task_encoder(m, padded_vocab, config.params_dtype, pre_process, post_process)
 
+    owns_task_heads = True
+    """Every fine-tuned ModernBERT has its HF classes' head (``models.heads.build_head``): the plain class always
+    computes it, whatever ``model.head`` / ``model.classifier_head`` say (only ``fc_dropout`` applies)."""
+
     def head_to_hf(self, task: str, sd: dict) -> dict:
-        raise CheckpointError(self.export_problems_line(task))
+        return {theirs: sd[ours].detach().clone().contiguous() for ours, theirs in _TASK_HEAD}
 
     def head_from_hf(self, task: str, hsd: dict) -> dict:
-        raise CheckpointError(self.export_problems_line(task))
-
-    def export_problems_line(self, task: str) -> str:
-        return (f"{_TASK_CLASS[task]}: ModernBERT's task classes put its prediction head (dense, GELU, LayerNorm) "
-                "before the classifier, which no task head of ours computes yet")
+        return {ours: hsd[theirs].detach().clone().contiguous() for ours, theirs in _TASK_HEAD}
 
 
 MODERNBERT = ModernBertFamily()

@@ -38,7 +38,9 @@ def head_block(task: str) -> tuple[str, str]:
 
 def hf_to_head(task: str, hsd: dict, family: Family) -> dict:
     """The ``head.*`` weights of an HF state dict, from either kind of class (KeyError names a missing weight)."""
-    ours = {k: v for k, v in hsd.items() if k.startswith("head.")}
+    # the remote-code classes keep NeMo's MLP (``head.mlp.*``); a plain class's own ``head.*`` (ModernBERT's
+    # prediction head) is the family's to map
+    ours = {k: v for k, v in hsd.items() if k.startswith("head.mlp.")}
     return ours or family.head_from_hf(task, hsd)
 
 

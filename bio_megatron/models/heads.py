@@ -96,6 +96,10 @@ def pytorch_default_init(head: nn.Module, prefix: str, seed: int) -> None:
 
 def build_head(task: str, model_cfg, hidden_size: int, num_classes: int) -> nn.Module:
     """The head a task config asks for (``model.head`` / ``model.classifier_head`` + ``model.fc_hidden_size``)."""
+    if getattr(model_cfg, "family", None) == "modernbert":  # its HF task classes' own head (models/modernbert.py)
+        from bio_megatron.models.modernbert import modernbert_task_head
+
+        return modernbert_task_head(task, model_cfg, hidden_size, num_classes)
     if task in ("re", "classify"):  # NeMo's SequenceClassifier names (model.classifier_head)
         h = model_cfg.classifier_head
         return SequenceClassifier(hidden_size, num_classes, h.num_output_layers, model_cfg.fc_hidden_size,

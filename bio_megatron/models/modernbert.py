@@ -55,8 +55,9 @@ from bio_megatron.models.attention import is_packed, packed_attention_mask, pack
 from bio_megatron.models.bert import mask_padded_vocab, transformer_config
 from bio_megatron.utils.errors import ConfigError
 
-__all__ = ["BiasFreeLayerNorm", "ModernBertModel", "RopeSelfAttention", "WindowedDotProductAttention",
-           "build_modernbert_model", "is_global_layer", "modernbert_task_encoder", "modernbert_transformer_config"]
+__all__ = ["BiasFreeLayerNorm", "ModernBertModel", "ModernBertTaskHead", "RopeSelfAttention",
+           "WindowedDotProductAttention", "build_modernbert_model", "is_global_layer", "modernbert_task_encoder",
+           "modernbert_task_head", "modernbert_transformer_config"]
 
 DEFAULTS = {"global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0, "local_attention": 128,
             "global_attn_every_n_layers": 3}  # ModernBERT's published values (HF ModernBertConfig's defaults)
@@ -182,6 +183,39 @@ class ModernBertHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(F.gelu(self.dense(hidden)))
+
+
+class ModernBertTaskHead(nn.Module):
+    """HF ``ModernBertFor{Token,Sequence}Classification`` / ``...QuestionAnswering``'s head: ModernBERT's prediction
+    head (dense H -> H without bias, GELU, bias-free LayerNorm), dropout, then a linear classifier with bias.
+    ``pool_cls``: sequence classification reads the [CLS] position (HF ``classifier_pooling: cls``) first; token
+    classification and QA keep every position. Names (``dense``, ``norm``, ``classifier``) are HF's under ``head.``
+    (:mod:`bio_megatron.families.modernbert` maps them)."""
+
+    use_transformer_init = True  # N(0, init_method_std) weights, unit norm gain, zero bias (models/init.py)
+
+    def __init__(self, hidden_size: int, num_classes: int, dropout: float, eps: float, pool_cls: bool):
+        super().__init__()
+        self.pool_cls = pool_cls
+        self.dense = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.norm = nn.LayerNorm(hidden_size, eps=eps, bias=False)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden_size, num_classes)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.pool_cls:
+            hidden = hidden[:, 0]
+        return self.classifier(self.dropout(self.norm(F.gelu(self.dense(hidden)))))
+
+
+def modernbert_task_head(task: str, model_cfg, hidden_size: int, num_classes: int) -> ModernBertTaskHead:
+    """A ModernBERT encoder's task head (``models.heads.build_head`` for ``model.family: modernbert``): QA gives two
+    logits per token (start, end); the dropout is the task's ``fc_dropout`` (``model.head`` for NER and QA,
+    ``model.classifier_head`` for RE and classify)."""
+    sequence = task in ("re", "classify")
+    block = model_cfg.classifier_head if sequence else model_cfg.head
+    return ModernBertTaskHead(hidden_size, 2 if task == "qa" else num_classes, block.fc_dropout,
+                              model_cfg.layernorm_epsilon, pool_cls=sequence)
 
 
 def attention_mask_for(padding_mask: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,208 @@
+"""ModernBERT's task classes: random tiny HF ``ModernBertFor{TokenClassification,SequenceClassification,
+QuestionAnswering}`` folders (perturbed LayerNorm gains and classifier bias, eager attention, an 8-token local window)
+import with ``bio-megatron import hf --verify`` (transformers' own class against our fine-tuning model on a padded
+batch) and export back to the same class with the same logits (< 1e-4); a ``classifier_pooling: mean`` folder is
+refused by name, exit 2, nothing written; ``finetune ner`` and ``finetune classify`` from an imported
+``ModernBertForMaskedLM`` run, ``predict`` reads the fine-tuned checkpoints and ``export hf`` gives transformers'
+classes with our logits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from architectures.hf_parity import (VOCAB_FILE, import_hf_folder, imported, masked_max_diff, padded_batch,
+                                     perturb_norms_and_biases, vocab_lines)
+from harness import run_world
+from reliability.cli_log import run_cli
+from reliability.files import tree_digest
+
+ROOT = Path(__file__).resolve().parents[2]
+SEQ = 32
+TASK_CLASSES = {"ner": "ModernBertForTokenClassification", "re": "ModernBertForSequenceClassification",
+                "qa": "ModernBertForQuestionAnswering"}
+LABELS = ["O", "B-Chemical", "I-Chemical"]
+
+
+def _config(**extra):
+    from transformers import ModernBertConfig
+
+    fields = dict(vocab_size=vocab_lines(), hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  intermediate_size=96, max_position_embeddings=128, norm_eps=1e-6, local_attention=8,
+                  global_attn_every_n_layers=2, global_rope_theta=1000.0, local_rope_theta=50.0,
+                  initializer_range=0.2, pad_token_id=0, cls_token_id=101, sep_token_id=102, bos_token_id=101,
+                  eos_token_id=102, attn_implementation="eager")
+    return ModernBertConfig(**{**fields, **extra})
+
+
+def _batch(vocab: int):
+    ids, amask, _ = padded_batch(vocab, SEQ, (SEQ, 21, 9))
+    return ids * amask, amask
+
+
+def _logits(out):
+    import torch
+
+    if hasattr(out, "start_logits"):  # our QA head gives [B, S, 2]
+        return torch.stack([out.start_logits, out.end_logits], dim=-1).numpy()
+    return out.logits.numpy()
+
+
+def _save(model, folder: str) -> None:
+    model.save_pretrained(folder)
+    shutil.copyfile(VOCAB_FILE, f"{folder}/vocab.txt")
+
+
+def _make_task_folder(folder: str, task: str, **extra) -> dict:
+    import torch
+    import transformers
+
+    torch.manual_seed(1)
+    labels = {} if task == "qa" else dict(num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
+                                            label2id={t: i for i, t in enumerate(LABELS)})
+    hf = getattr(transformers, TASK_CLASSES[task])(_config(architectures=[TASK_CLASSES[task]], **labels, **extra))
+    perturb_norms_and_biases(hf.eval())
+    _save(hf, folder)
+    with torch.no_grad():
+        return {"logits": _logits(hf(*_batch(hf.config.vocab_size)))}
+
+
+def _export_task(ckpt: str, out: str) -> dict:
+    import json
+
+    import torch
+    import transformers
+
+    from bio_megatron.export.hf import export_hf
+
+    info = export_hf(ckpt, out)
+    hf = getattr(transformers, info["class"]).from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        logits = _logits(hf(*_batch(hf.config.vocab_size)))
+    return {"class": info["class"], "loaded": type(hf).__name__, "logits": logits, "labels": info["labels"],
+            "config": json.loads(Path(out, "config.json").read_text())}
+
+
+def _each(fn, *args_list) -> list:
+    """``fn`` over several argument tuples in one forked process: one start-up for the three folders."""
+    return [fn(*args) for args in args_list]
+
+
+def test_task_folders_import_and_export_with_transformers_logits(tmp_path):
+    """Each task class imports as a fine-tuned checkpoint of its task (--verify within 1e-4: transformers' class vs
+    our encoder + ModernBERT head) and exports to the same class with the same logits; the [CLS]-pooled sequence
+    head included."""
+    tasks = list(TASK_CLASSES)
+    (refs,) = run_world(1, _each, _make_task_folder, *[(str(tmp_path / t / "hf"), t) for t in tasks])
+    (infos,) = run_world(1, _each, import_hf_folder, *[(str(tmp_path / t / "hf"), str(tmp_path / t / "ckpt"))
+                                                       for t in tasks])
+    (results,) = run_world(1, _each, _export_task, *[(str(tmp_path / t / "ckpt"), str(tmp_path / t / "export"))
+                                                     for t in tasks])
+    valid = _batch(vocab_lines())[1].bool().numpy()
+    for task, ref, info, res in zip(tasks, refs, infos, results):
+        assert info["rc"] == 0 and info["task"] == task, info
+        assert info["labels"] == (None if task == "qa" else LABELS), info
+        assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
+        assert res["class"] == res["loaded"] == TASK_CLASSES[task], res
+        assert res["config"]["classifier_pooling"] == "cls" and res["config"]["model_type"] == "modernbert"
+        got, want = res["logits"], ref["logits"]
+        diff = float(abs(got - want).max()) if task == "re" else masked_max_diff(got, want, valid)
+        assert abs(want).max() > 0.1 and diff < 1e-4, (task, diff)
+
+
+def _make_mean_pooled(folder: str) -> dict:
+    return _make_task_folder(folder, "re", classifier_pooling="mean")
+
+
+def test_mean_pooled_sequence_classifier_is_refused_by_name(tmp_path):
+    """``classifier_pooling: mean`` (the mean over the padding mask, which our heads do not see): exit 2, one line
+    naming config.json and the option, nothing written at --out, the folder unchanged."""
+    run_world(1, _make_mean_pooled, str(tmp_path / "hf"))
+    before = tree_digest(tmp_path / "hf")
+    rc, text = run_cli(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], sep="\n")
+    assert rc == 2 and len(text.splitlines()) == 1, text
+    assert "config.json" in text and "classifier_pooling 'mean'" in text, text
+    assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
+
+
+def _make_mlm(folder: str) -> dict:
+    import torch
+    from transformers import ModernBertForMaskedLM
+
+    torch.manual_seed(0)
+    hf = ModernBertForMaskedLM(_config(architectures=["ModernBertForMaskedLM"])).eval()
+    perturb_norms_and_biases(hf)
+    _save(hf, folder)
+    return {"vocab": hf.config.vocab_size}
+
+
+@pytest.fixture(scope="module")
+def modernbert_mlm(tmp_path_factory):
+    """(root, ...): a random ModernBertForMaskedLM at ``root/hf`` imported (--verify) to ``root/ckpt``."""
+    return imported(tmp_path_factory, "hf_modernbert_mlm", _make_mlm)
+
+
+def _finetune(task: str, recipe: str, over: list[str]) -> dict:
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.tasks.finetune import run_finetuning
+
+    os.chdir(ROOT)  # recipes name their data relative to the checkout
+    res = run_finetuning(load_finetune_config(task, ROOT / "nemo_configs" / recipe, over, 1))
+    return {"losses": [h["loss"] for h in res["history"] if "loss" in h], "checkpoint": res.get("checkpoint")}
+
+
+def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: str) -> dict:
+    """``predict <task>`` through the CLI, then ``export hf``: transformers' class from the folder vs our fine-tuned
+    model on a padded pair of tokenized sentences."""
+    import torch
+    import transformers
+
+    from bio_megatron.cli import main
+    from bio_megatron.export.hf import export_hf
+    from bio_megatron.loading.finetuned import load_finetuned
+
+    rc = main(["predict", task, "--checkpoint", ckpt, "--input", text_file, "--out", pred])
+    info = export_hf(ckpt, out)
+    loaded = load_finetuned(ckpt, default_labels=["0", "1"])
+    tok = loaded.tokenizer
+    rows = [tok.single(tok.tokenize(t)) for t in ("Naloxone reverses the antihypertensive effect of clonidine.",
+                                                    "Cocaine")]
+    ids = torch.zeros(2, max(map(len, rows)), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, :len(row)], mask[r, :len(row)] = torch.tensor(row), 1
+    hf = getattr(transformers, info["class"]).from_pretrained(out, attn_implementation="eager").eval()
+    with torch.no_grad():
+        ours = loaded.model(ids, mask, torch.zeros_like(ids))
+        theirs = hf(input_ids=ids, attention_mask=mask).logits
+    valid = mask.bool() if ours.dim() == 3 else torch.ones(ours.shape[0], dtype=torch.bool)
+    return {"predict_rc": rc, "class": info["class"], "loaded": type(hf).__name__,
+            "family": loaded.cfg.model.family, "diff": float((ours - theirs).abs()[valid].max()),
+            "scale": float(ours[valid].abs().max())}
+
+
+@pytest.mark.parametrize("task", ["ner", "classify"])
+def test_finetune_from_imported_modernbert_predicts_and_exports(modernbert_mlm, tmp_path, task):
+    """``finetune ner`` / ``finetune classify`` (3 steps) start from the imported ModernBertForMaskedLM with
+    ModernBERT's own head; ``predict`` reads the fine-tuned checkpoint; ``export hf`` is transformers'
+    ModernBertFor{Token,Sequence}Classification with our logits."""
+    root, _ = modernbert_mlm
+    over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
+            "model.dataset.test_file=null", "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}",
+            f"exp_manager.name={task}", f"model.restore_from_path={root / 'ckpt'}"]
+    recipe = "ner/tiny_ner.yaml" if task == "ner" else "classify/tiny_classify.yaml"
+    (run,) = run_world(1, _finetune, task, recipe, over)
+    assert len(run["losses"]) == 3 and all(0.0 < v < 10.0 for v in run["losses"]), run["losses"]
+    if task == "ner":
+        text = tmp_path / "docs.txt"
+        text.write_text("Naloxone reverses the antihypertensive effect of clonidine.\nCocaine\n", encoding="utf-8")
+    else:
+        text = ROOT / "tests" / "fixtures" / "blurb" / "GAD" / "test.tsv"
+    (res,) = run_world(1, _predict_and_export, task, str(tmp_path / task / "checkpoints"), str(text),
+                       str(tmp_path / "pred.jsonl"), str(tmp_path / "hf"))
+    assert res["predict_rc"] == 0 and (tmp_path / "pred.jsonl").read_text().strip(), res
+    want = "ModernBertForTokenClassification" if task == "ner" else "ModernBertForSequenceClassification"
+    assert res["family"] == "modernbert" and res["class"] == res["loaded"] == want, res
+    assert res["scale"] > 0.01 and res["diff"] < 1e-4, res
