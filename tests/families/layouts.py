@@ -85,10 +85,10 @@ def pipeline_refusal(recipe: Path, tmp_path: Path) -> str:
     return line[0]
 
 
-def our_logits(ckpt: str, tp: int, batch: tuple, **shape) -> dict | None:
+def our_logits(ckpt: str, tp: int, batch: tuple, shape: dict | None = None) -> dict | None:
     """The imported pretraining checkpoint at TP ``tp`` (dist-checkpointing reshards it) on ``batch`` (the model's
     positional inputs): MLM logits gathered over TP and the binary head's logits (None without one), on TP rank 0
-    (None elsewhere). ``shape`` adds ModelConfig fields (``bert_binary_head=True``)."""
+    (None elsewhere). ``shape`` adds ModelConfig fields (``{"bert_binary_head": True}``)."""
     import torch
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
@@ -104,7 +104,7 @@ def our_logits(ckpt: str, tp: int, batch: tuple, **shape) -> dict | None:
     init_model_parallel(tp, 1, seed=1)
     src = resolve_source(ckpt)
     m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, transformer_impl="local", hidden_dropout=0.0,
-                    attention_dropout=0.0, **shape)
+                    attention_dropout=0.0, **(shape or {}))
     m.make_vocab_size_divisible_by = src.padded_vocab // tp  # the saved padding, sharded over TP
     vocab = vocab_lines(src.vocab_file)
     model = family_of_model(m).build_pretraining_model(m, vocab, torch.float32).eval()

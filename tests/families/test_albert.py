@@ -16,6 +16,7 @@ import pytest
 from architectures.hf_parity import (VOCAB_FILE, import_hf_folder, imported, masked_max_diff, padded_batch,
                                      perturb_norms_and_biases, vocab_lines)
 from harness import run_world
+from layouts import encoder_hidden, import_refusal, our_logits
 from reliability.cli_log import run_cli
 from reliability.files import tree_digest
 
@@ -65,47 +66,17 @@ def albert(tmp_path_factory):
     return imported(tmp_path_factory, "hf_albert", _make_pretraining)
 
 
-def _our_logits(ckpt: str, tp: int) -> dict | None:
-    """The imported checkpoint at TP ``tp`` (dist-checkpointing reshards it): MLM logits gathered over TP, SOP."""
-    import torch
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-    from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.families import family_of_model
-    from bio_megatron.loading.source import resolve_source
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.training.checkpoint import load_checkpoint
-
-    init_distributed()
-    init_model_parallel(tp, 1, seed=1)
-    src = resolve_source(ckpt)
-    m = ModelConfig(**src.shape, tensor_model_parallel_size=tp, bert_binary_head=True, transformer_impl="local",
-                    hidden_dropout=0.0, attention_dropout=0.0)
-    m.make_vocab_size_divisible_by = src.padded_vocab // tp  # the saved padding, sharded over TP
-    vocab = vocab_lines(src.vocab_file)
-    model = family_of_model(m).build_pretraining_model(m, vocab, torch.float32).eval()
-    load_checkpoint(src.path, model, model_only=True)
-    with torch.no_grad():
-        ids, amask, types = _batch(vocab)
-        logits, sop = model(ids, amask, tokentype_ids=types)
-        logits = gather_from_tensor_model_parallel_region(logits)
-    if ps.get_tensor_model_parallel_rank():
-        return None
-    return {"family": src.shape["family"], "mlm": logits[..., :vocab].numpy(), "sop": sop.numpy(),
-            "padded_max": logits[..., vocab:].max().item(), "type": type(model).__name__}
-
-
 @pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2"])
 def test_imported_albert_logits_equal_transformers(albert, tp):
     root, ref = albert
     if tp == 1:  # import hf --verify compared transformers' own class from the folder with the written checkpoint
         report = ref["import"]["verify"]
         assert report["verified"] and report["max_abs_diff"] < 1e-4, report
-    res = [r for r in run_world(tp, _our_logits, str(root / "ckpt"), tp) if r is not None]
+    ranks = run_world(tp, our_logits, str(root / "ckpt"), tp, _batch(ref["vocab"]), {"bert_binary_head": True})
+    res = [r for r in ranks if r is not None]
     assert len(res) == 1 and res[0]["family"] == "albert" and res[0]["type"] == "AlbertModel", res
     valid = _batch(ref["vocab"])[1].bool().numpy()
-    mlm, sop = masked_max_diff(res[0]["mlm"], ref["mlm"], valid), float(abs(res[0]["sop"] - ref["sop"]).max())
+    mlm, sop = masked_max_diff(res[0]["mlm"], ref["mlm"], valid), float(abs(res[0]["binary"] - ref["sop"]).max())
     assert abs(ref["mlm"]).max() > 1.0 and abs(ref["sop"]).max() > 0.05  # non-trivial logits
     assert mlm < 1e-4 and sop < 1e-4, (mlm, sop)
     assert res[0]["padded_max"] == float("-inf")  # padded vocabulary entries are never predicted
@@ -141,22 +112,10 @@ def test_export_hf_loads_in_transformers_with_same_logits(albert):
     assert len(res["tokens"]) > 2
 
 
-def _encoder_hidden(path: str, theirs) -> float:
-    """Fine-tuning's encoder (TaskModel through the family's task_encoder, identity head) filled from ``path``."""
-    import torch
-
-    from architectures.hf_parity import encoder_hidden_diff
-    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-
-    init_distributed()
-    init_model_parallel(1, 1, seed=1)
-    return encoder_hidden_diff(path, *_batch(vocab_lines()), torch.from_numpy(theirs))
-
-
 def test_fine_tuning_encoder_equals_albert_model(albert):
     root, ref = albert
     for source in ("ckpt", "hf"):
-        (diff,) = run_world(1, _encoder_hidden, str(root / source), ref["hidden"])
+        (diff,) = run_world(1, encoder_hidden, str(root / source), *_batch(ref["vocab"]), ref["hidden"])
         assert diff < 1e-4, (source, diff)
 
 
@@ -237,12 +196,8 @@ def _write_grouped(folder: str) -> None:
 def test_unsupported_grouping_is_refused_in_one_line(tmp_path):
     """HF's num_hidden_groups 2 (two distinct layers): exit 2, one line naming the file, key and value; nothing
     written at --out."""
-    run_world(1, _write_grouped, str(tmp_path / "hf"))
-    before = tree_digest(tmp_path / "hf")
-    rc, text = run_cli(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], sep="\n")
-    assert rc == 2 and len(text.splitlines()) == 1, text
+    text = import_refusal(_write_grouped, tmp_path)
     assert "config.json" in text and "num_hidden_groups 2" in text, text
-    assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
 
 
 @pytest.mark.parametrize("command", [["export", "nemo"], ["export", "megatron-lm"]], ids=["nemo", "megatron-lm"])
@@ -344,3 +299,4 @@ def test_bare_albert_model_imports_with_a_fresh_mlm_head(albert):
     root, ref = albert
     (res,) = run_world(1, _bare_encoder, str(root), ref["hidden"])
     assert res["rc"] == 0 and res["diff"] < 1e-4, res
+

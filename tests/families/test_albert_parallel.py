@@ -10,38 +10,24 @@ from pathlib import Path
 
 import pytest
 from harness import run_world
+from layouts import (LAYOUTS, assert_layout_matches, assert_resumes_exactly, pipeline_refusal, pretrain_rank,
+                     reference_run)
 
 from engine.pretrain_runs import losses, overrides
 
 RECIPE = Path(__file__).resolve().parents[2] / "nemo_configs" / "pretrain" / "tiny_albert.yaml"
 STEPS = 20
-LAYOUTS = {"tp2": (2, 2, False), "dp2_distopt": (2, 1, True)}  # name: (world, tp, distributed optimizer)
 
 
 def albert_rank(over: list[str]) -> dict:
-    """One forked rank of ``bio-megatron pretrain --config tiny_albert`` (the CLI path minus argument parsing);
-    returns what the checkpoint records of the model."""
-    import os
-
-    import torch.distributed as dist
-
-    from bio_megatron.config.pretrain import load_pretrain_config
-    from bio_megatron.training.pretrain import run_pretraining
-
-    cfg = load_pretrain_config(RECIPE, over, world_size=int(os.environ["WORLD_SIZE"]))
-    status = run_pretraining(cfg)
-    dist.barrier()
-    return {"status": status}
+    """One forked rank of ``bio-megatron pretrain --config tiny_albert`` (the CLI path minus argument parsing)."""
+    return pretrain_rank(RECIPE, over)
 
 
 @pytest.fixture(scope="module")
 def reference(pubmed_prefix, tmp_path_factory):
     root = tmp_path_factory.mktemp("albert_layouts")
-    (res,) = run_world(1, albert_rank, overrides(pubmed_prefix, root, "tp1", steps=STEPS, every=STEPS // 2))
-    assert res["status"] == "finished"
-    ref = losses(root / "tp1")
-    assert sorted(ref) == list(range(1, STEPS + 1))
-    return root, ref
+    return root, reference_run(albert_rank, pubmed_prefix, root, STEPS)
 
 
 def test_tiny_albert_mlm_and_sop_loss_falls(reference):
@@ -57,41 +43,20 @@ def test_tiny_albert_mlm_and_sop_loss_falls(reference):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_albert_layout_matches_tp1(name, reference, pubmed_prefix):
     root, ref = reference
-    world, tp, distopt = LAYOUTS[name]
-    run_world(world, albert_rank, overrides(pubmed_prefix, root, name, tp=tp, distopt=distopt, steps=STEPS))
-    got = losses(root / name)
-    assert sorted(got) == sorted(ref)
-    for step in ref:
-        assert got[step] == pytest.approx(ref[step], abs=1e-5), (name, step, got, ref)
+    assert_layout_matches(albert_rank, name, root, ref, pubmed_prefix, STEPS)
 
 
 def test_albert_resumes_exactly_from_a_checkpoint(reference, pubmed_prefix):
     """Steps 11-20 resumed from the reference's step-10 checkpoint (model, optimizer, scheduler, data position)
     are the uninterrupted run's."""
     root, ref = reference
-    middle = root / "tp1" / "checkpoints" / f"iter_{STEPS // 2:07d}"
-    assert middle.is_dir(), sorted(p.name for p in middle.parent.iterdir())
-    over = overrides(pubmed_prefix, root, "resumed", steps=STEPS,
-                     extra=(f"exp_manager.resume_from_checkpoint={middle}",))
-    (res,) = run_world(1, albert_rank, over)
-    assert res["status"] == "finished"
-    got = losses(root / "resumed")
-    assert sorted(got) == list(range(STEPS // 2 + 1, STEPS + 1))
-    for step in got:
-        assert got[step] == pytest.approx(ref[step], abs=1e-6), (step, got, ref)
+    assert_resumes_exactly(albert_rank, root, ref, pubmed_prefix, STEPS)
 
 
 def test_pipeline_parallel_albert_is_refused_at_config_time(tmp_path):
     """PP 2: one line naming the key, the value and why (the shared layer), exit 2, nothing written."""
-    from reliability.cli_log import run_cli
-
-    out = tmp_path / "runs"
-    rc, text = run_cli(["pretrain", "--config", str(RECIPE), "model.pipeline_model_parallel_size=2",
-                        f"exp_manager.exp_dir={out}", "--dry-run"], sep="\n")
-    assert rc == 2, text
-    line = [ln for ln in text.splitlines() if "pipeline_model_parallel_size" in ln]
-    assert len(line) == 1 and "albert" in line[0] and "shared layer" in line[0], text
-    assert not out.exists()
+    line = pipeline_refusal(RECIPE, tmp_path)
+    assert "albert" in line and "shared layer" in line, line
 
 
 def _import_uncased_albert(root: str) -> dict:
