@@ -204,7 +204,14 @@ class FinetuneOptimConfig(OptimConfig):
     layerwise_lr_decay: float | None = None
     """ELECTRA's layer-wise learning-rate decay (BioELECTRA: 0.8, paper 002 Table 7): the head keeps ``lr``, global
     transformer layer l (0-based) gets ``lr * decay ** (L + 1 - l)``, the embeddings ``lr * decay ** (L + 2)``
-    (ELECTRA's convention, training/optimizer.py ``layer_depths``); null or 1.0: one learning rate."""
+    (ELECTRA's convention, training/optimizer.py ``layer_depths``); null or 1.0: one learning rate. Refused for
+    the families in ``SHARED_LAYER_FAMILIES``."""
+
+
+SHARED_LAYER_FAMILIES = ("albert",)
+"""Families whose encoder applies one layer's weights at every depth 1..L: ELECTRA's rate per depth has no single
+value for that layer (depth 1's, which it got before, all but froze it), so layer-wise decay is refused for them
+rather than given a rule no paper used."""
 
 
 def _finetune_optim() -> OptimConfig:
@@ -324,6 +331,10 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     lwd = m.optim.layerwise_lr_decay
     if lwd is not None and not 0.0 < lwd <= 1.0:  # (NaN fails this too)
         problems.append(f"model.optim.layerwise_lr_decay ({lwd}) must be in (0, 1] or null")
+    elif lwd is not None and m.family in SHARED_LAYER_FAMILIES:
+        problems.append(f"model.optim.layerwise_lr_decay ({lwd}) is undefined for model.family {m.family}: its one "
+                        f"shared layer runs at every depth 1..{m.shape().num_layers}, so no depth gives it a rate; "
+                        "set it null")
     if m.fc_hidden_size is not None and m.fc_hidden_size < 1:
         problems.append(f"model.fc_hidden_size ({m.fc_hidden_size}) must be >= 1 or null")
     head = getattr(m, "head", None)

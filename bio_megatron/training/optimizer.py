@@ -4,6 +4,7 @@ and its LR scheduler (warmup, then linear/cosine decay)."""
 from __future__ import annotations
 
 import torch
+from megatron.core import parallel_state as ps
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get_standard_config_overrides
 from megatron.core.optimizer.optimizer_config import ParamKey, ParamPredicate
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -52,16 +53,23 @@ def layer_depths(model_chunks: list) -> tuple[dict[int, int], int]:
     (ELECTRA's ``/embeddings/`` and ``/embeddings_project/``), l + 1 for transformer layer l (0-based GLOBAL index:
     megatron's ``layer_number`` is 1-based and already includes this pipeline stage's offset, so on the second of
     two stages the first local layer is global layer L/2), L + 2 for everything else (ELECTRA's ``task_specific/``:
-    the head, and here also pre-LN's final LayerNorm). Depth L + 1 is unused, as in ELECTRA."""
-    num_layers, in_layer = 0, {}
+    the head, and here also pre-LN's final LayerNorm). Depth L + 1 is unused, as in ELECTRA.
+
+    A layer applied at several depths (ALBERT's one shared layer: fewer layers than ``num_layers`` on a single
+    stage) has no depth: ValueError (config/finetune.py refuses the key for such families first)."""
+    num_layers, in_layer, numbers = 0, {}, set()
     for chunk in model_chunks:
         for mod in chunk.modules():
             if isinstance(mod, TransformerLayer):
                 num_layers = mod.config.num_layers  # global, the same in every layer
+                numbers.add(mod.layer_number)
                 for p in mod.parameters():
                     in_layer[id(p)] = mod.layer_number
     if not num_layers:
         raise ValueError("model.optim.layerwise_lr_decay: no megatron-core TransformerLayer in the model")
+    if ps.get_pipeline_model_parallel_world_size() == 1 and len(numbers) < num_layers:
+        raise ValueError(f"model.optim.layerwise_lr_decay: the model's {len(numbers)} transformer layer(s) run at "
+                         f"{num_layers} depths (shared weights): no depth gives them a rate")
     depths = {}
     for chunk in model_chunks:
         for name, p in chunk.named_parameters():

@@ -300,3 +300,48 @@ def test_bare_albert_model_imports_with_a_fresh_mlm_head(albert):
     (res,) = run_world(1, _bare_encoder, str(root), ref["hidden"])
     assert res["rc"] == 0 and res["diff"] < 1e-4, res
 
+
+def _layer_depths_of_albert(ckpt: str) -> str:
+    """ELECTRA's layer depths (training/optimizer.py) asked of fine-tuning's ALBERT model: the guard's message, or
+    what it returned."""
+    import torch
+    from torch import nn
+
+    from bio_megatron.config.finetune import NerModelConfig
+    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.loading.source import apply_source_shape, resolve_source
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+    from bio_megatron.training.optimizer import layer_depths
+
+    init_distributed()
+    init_model_parallel(1, 1, seed=1)
+    src = resolve_source(ckpt)
+    m = NerModelConfig(transformer_impl="local")
+    apply_source_shape(m, src)
+    model = build_task_model(m, src.padded_vocab, nn.Identity(), torch.float32, seed=0, pre_process=True,
+                             post_process=True)
+    try:
+        return f"depths {sorted(set(layer_depths([model])[0].values()))}"
+    except ValueError as err:
+        return str(err)
+
+
+def test_layerwise_lr_decay_is_refused_for_the_shared_layer(albert, tmp_path):
+    """ELECTRA's layer-wise decay gives layer l the rate of depth l + 1; ALBERT's one layer runs at every depth, so
+    it has none (it used to get depth 1's, lr * d^L): ``finetune ner`` from an ALBERT checkpoint with the key is one
+    config problem naming key, value and family, exit 2, nothing written; the optimizer's depth count refuses the shared
+    layer too."""
+    root, _ = albert
+    exp = tmp_path / "runs"
+    # in a forked world: were the key accepted, the run would set up torch.distributed there, not in pytest
+    (rc, text), = run_world(1, run_cli, [
+        "finetune", "ner", "--config", "tiny_ner", f"model.restore_from_path={root / 'ckpt'}",
+        f"model.dataset.data_dir={VOCAB_FILE.parents[3] / 'tests' / 'fixtures' / 'finetune'}",
+        "model.dataset.max_seq_length=64", "trainer.max_steps=1", f"exp_manager.exp_dir={exp}",
+        "model.optim.layerwise_lr_decay=0.8"], 40, "\n")
+    problems = [ln for ln in text.splitlines() if ln.lstrip().startswith("- ")]  # the config's list of problems
+    assert rc == 2 and len(problems) == 1, text
+    assert "model.optim.layerwise_lr_decay (0.8)" in problems[0] and "model.family albert" in problems[0], text
+    assert not exp.exists()
+    (guard,) = run_world(1, _layer_depths_of_albert, str(root / "ckpt"))
+    assert "run at 3 depths (shared weights)" in guard, guard
