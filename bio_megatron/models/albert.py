@@ -40,11 +40,8 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state as ps
-from megatron.core import tensor_parallel
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import build_module
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -52,9 +49,9 @@ from megatron.core.utils import make_viewless_tensor
 from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
-from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.models.bert import layer_spec, mask_padded_vocab, transformer_config
+from bio_megatron.models.bert import layer_spec, transformer_config
 from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
+from bio_megatron.models.tied_mlm import TiedMLMModel, on_device
 from bio_megatron.utils.errors import ConfigError
 
 __all__ = ["AlbertBlock", "AlbertModel", "albert_embedding", "albert_parameter_count", "albert_task_encoder",
@@ -156,20 +153,13 @@ def mask_dims_of(spec) -> str:
     return "b1ss" if core is DotProductAttention else "b11s"
 
 
-class AlbertModel(MegatronModule):
+class AlbertModel(TiedMLMModel):
     """ALBERT for pretraining at TP x DP (PP 1), called as megatron-core's ``BertModel``:
     ``forward(input_ids, attention_mask, tokentype_ids, lm_labels)`` returns the per-token MLM loss [b, s] (or,
     without labels, this rank's vocabulary slice of the logits [b, s, V/TP]) and the SOP logits [b, 2] or None."""
 
     def __init__(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32):
-        super().__init__(config=albert_transformer_config(m, dtype))
-        if m.pipeline_model_parallel_size != 1:
-            raise ConfigError("model.family albert needs model.pipeline_model_parallel_size=1")
-        self.model_type = ModelType.encoder_or_decoder
-        self.pre_process = self.post_process = True
-        self.share_embeddings_and_output_weights = True
-        self.true_vocab_size = vocab_size
-        self.vocab_size = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+        super().__init__(albert_transformer_config(m, dtype), m, vocab_size, "albert")
         spec = layer_spec(dataclasses.replace(m, transformer_block_type="post_ln"))
         self.mask_dims = mask_dims_of(spec)
         e = embedding_width(m)
@@ -177,24 +167,11 @@ class AlbertModel(MegatronModule):
         self.encoder = AlbertBlock(self.config, spec, e)
         self.lm_head = AlbertMLMHead(self.config.hidden_size, e, self.config.layernorm_epsilon,
                                      self.config.activation_func)
-        embedding_config = self.embedding.config
-        self.output_layer = tensor_parallel.ColumnParallelLinear(
-            e, self.vocab_size, config=embedding_config, init_method=embedding_config.init_method, bias=True,
-            skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
+        self.make_output_layer(e, self.embedding.config)  # E wide, tied to the E-wide word embeddings
         self.add_binary_head = m.bert_binary_head
         if self.add_binary_head:
             self.pooler = AlbertPooler(self.config.hidden_size)
             self.binary_head = nn.Linear(self.config.hidden_size, 2)
-
-    def set_input_tensor(self, input_tensor) -> None:
-        """megatron-core's schedules call this with the previous stage's output: always None here (PP 1)."""
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
-        # The vocabulary padding (a multiple of 128 x TP) changes with TP: the bias reshards as the word
-        # embeddings do (megatron's LanguageModule marks its output layer the same way).
-        sd[f"{prefix}output_layer.bias"].allow_shape_mismatch = True
-        return sd
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,22 +184,12 @@ class AlbertModel(MegatronModule):
                 lm_labels: torch.Tensor | None = None):
         hidden = self.encode(input_ids, attention_mask, tokentype_ids)
         binary_logits = self.binary_head(self.pooler(hidden)) if self.add_binary_head else None
-        logits, _ = self.output_layer(self.lm_head(hidden), weight=self.embedding.word_embeddings.weight)
-        logits = mask_padded_vocab(logits, self.true_vocab_size)
-        if lm_labels is None:
-            return logits.transpose(0, 1).contiguous(), binary_logits
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lm_labels.transpose(0, 1).contiguous())
-        return loss.transpose(0, 1).contiguous(), binary_logits
+        return self.mlm_output(self.lm_head(hidden), lm_labels), binary_logits
 
 
 def build_albert_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32) -> AlbertModel:
     """This rank's ALBERT (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
-    model = AlbertModel(m, vocab_size, dtype)
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
+    return on_device(AlbertModel(m, vocab_size, dtype), dtype)
 
 
 def albert_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
@@ -234,7 +201,6 @@ def albert_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
     head = (h * e + e) + 2 * e + padded_vocab
     binary = (h * h + h + 2 * h + 2) if m.bert_binary_head else 0
     return embedding + (e * h + h) + layer + head + binary
-
 
 
 def albert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,
