@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bio_megatron.config.distill import TaskDistillSettings, TeacherConfig, task_distill_problems
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.packing import finetune_packing_problems
 from bio_megatron.config.pretrain import (ExpManagerConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
@@ -111,7 +112,12 @@ class NerDatasetConfig:
     losses and predictions as unpacked, with less padding."""
     pad_label: str = "O"
     ignore_extra_tokens: bool = False
-    """False: every sub-token carries its word's label; True: only the first sub-token is labelled."""
+    """False: every sub-token is labelled; True: only the first sub-token is labelled."""
+    continuation_label: Literal["inside", "word"] = "inside"
+    """The label of a ``B-X`` word's later sub-tokens (words are predicted from their first sub-token either way):
+    inside: ``I-X`` (transformers' run_ner ``b_to_i_label``), so an exported model's sub-tokens read as IOB and
+    ``pipeline(aggregation_strategy="simple")`` groups whole entities; word: ``B-X`` (NeMo: every sub-token
+    carries its word's label; "simple" then splits entities at every sub-token)."""
     ignore_start_end: bool = True
     class_balancing: Literal["weighted_loss"] | None = None
     max_train_examples: int | None = None
@@ -227,6 +233,9 @@ class FinetuneModelConfig(ModelConfig):
     fc_hidden_size: int | None = None
     """Width of the head's hidden layers (the paper swept 512 and 1024); null = encoder width (NeMo)."""
     optim: FinetuneOptimConfig = field(default_factory=_finetune_optim)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    """Task-specific distillation: a teacher fine-tuned on the same task (``config/distill.py``); null: none."""
+    distill: TaskDistillSettings = field(default_factory=TaskDistillSettings)
 
 
 @dataclass
@@ -312,6 +321,7 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
         if getattr(d, key) is not None and getattr(d, key) < 1:
             problems.append(f"model.dataset.{key} ({getattr(d, key)}) must be >= 1 or null")
     problems += finetune_packing_problems(m, getattr(d, "packing", False))
+    problems += task_distill_problems(m)
     if d.max_seq_length > m.max_position_embeddings:
         problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) exceeds model.max_position_embeddings "
                         f"({m.max_position_embeddings})")

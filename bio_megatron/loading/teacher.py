@@ -6,10 +6,16 @@ What is checked before any weight is read, each a one-line error (exit 2): a sou
 a fine-tuned (task) model, an ELECTRA teacher (no MLM head over its discriminator), another vocabulary than the
 student's (by content), a shape the layout cannot split, a sequence longer than its positions, a student wider
 than the teacher when the cosine term projects the student up to the teacher's width.
+
+Task-specific distillation (``finetune <task>``) loads a *fine-tuned* teacher instead (:func:`load_task_teacher`):
+encoder + task head at the run's tensor-parallel layout, refused (one line, exit 2, before the run folder exists)
+when it was fine-tuned on another task or is a pretraining model, predicts other labels (both lists named), reads
+another vocabulary, or has a shape the layout cannot split.
 """
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -18,8 +24,8 @@ from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_named
 from bio_megatron.loading.hf import read_hf_state
-from bio_megatron.loading.model import load_full_state
-from bio_megatron.loading.source import resolve_source
+from bio_megatron.loading.model import build_task_model, load_full_state, load_into, task_padded_vocab
+from bio_megatron.loading.source import apply_source_shape, resolve_source
 from bio_megatron.models.bert import dtype_name, precision_dtype
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.resume_checks import vocab_digest, vocab_files
@@ -27,6 +33,10 @@ from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
+# The ModelConfig fields that make an encoder's shape (what loading/source.py takes over from a checkpoint)
+_SHAPE_FIELDS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                 "max_position_embeddings", "num_tokentypes", "transformer_block_type", "embedding_size", "hidden_act",
+                 "global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers", "family")
 
 
 def _tokens(vocab_file: Path) -> list[str]:
@@ -143,4 +153,71 @@ def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precisio
     s = m.shape()
     log.info("teacher %s (%s): %d layers, hidden %d, heads %d, %s, forward only", where, family.name, s.num_layers,
              s.hidden_size, s.num_attention_heads, dtype_name(dtype))
+    return teacher
+
+
+# ---- task-specific distillation: a fine-tuned teacher of the student's task ----------------------------------------
+
+def inspect_task_teacher(cfg, labels: list[str] | None, vocab_file: str | Path):
+    """The fine-tuned teacher of ``finetune <cfg.task>``: its source and model config (its own encoder shape and
+    head, the student's TP layout, PP 1, no dropout), checked against the student before any weight is read.
+    ``labels``: the student task's label list (None for QA). One CheckpointError naming
+    ``model.teacher.restore_from_path`` for each refusal: another task or a pretraining model, other labels,
+    another vocabulary, a shape the layout cannot split."""
+    student = cfg.model
+    where = student.teacher.restore_from_path
+    try:
+        src = resolve_source(where)
+    except CheckpointError as exc:
+        raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
+    if src.task != cfg.task:
+        what = f"a fine-tuned {src.task} model" if src.task else "a pretraining model (no task head)"
+        raise CheckpointError(f"model.teacher.restore_from_path ({where}) is {what}; finetune {cfg.task} distils "
+                              f"from a teacher fine-tuned on {cfg.task} (its logits are what the student learns)")
+    if src.labels is not None and list(src.labels) != list(labels or []):
+        raise CheckpointError(f"model.teacher.restore_from_path ({where}): the teacher's labels {list(src.labels)} "
+                              f"are not the student's {list(labels or [])} (read from model.dataset.data_dir "
+                              f"{cfg.model.dataset.data_dir}); teacher and student must predict the same labels in "
+                              "the same order")
+    if src.vocab_file is None or not _same_vocabulary(Path(vocab_file), Path(src.vocab_file)):
+        raise CheckpointError(f"model.teacher.restore_from_path ({where}): its vocabulary ({src.vocab_file}) is not "
+                              f"the student's ({vocab_file}); teacher and student must share one vocabulary, token "
+                              "for token (they read the same input ids)")
+    m, fresh = copy.deepcopy(student), type(student)()
+    for key in _SHAPE_FIELDS:  # a checkpoint records only what it set: the student's own values must not remain
+        setattr(m, key, getattr(fresh, key))
+    apply_source_shape(m, src)
+    for block in ("head", "classifier_head"):  # the teacher's head as it was trained
+        for k, v in ((src.head or {}).get(block) or {}).items():
+            if hasattr(getattr(m, block, None), k):
+                setattr(getattr(m, block), k, v)
+    if "fc_hidden_size" in (src.head or {}):
+        m.fc_hidden_size = src.head["fc_hidden_size"]
+    m.pipeline_model_parallel_size = 1
+    m.hidden_dropout = m.attention_dropout = 0.0
+    m.restore_from_path, m.teacher = None, type(student.teacher)()
+    problems = teacher_problems(student, m, 0.0)
+    if problems:
+        raise CheckpointError(f"model.teacher.restore_from_path ({where}): " + "; ".join(problems))
+    return src, m
+
+
+def load_task_teacher(cfg, labels: list[str] | None, vocab_file: str | Path, vocab_size: int, build_head,
+                      seed: int) -> torch.nn.Module:
+    """This rank's fine-tuned teacher (after ``init_model_parallel``), encoder + head filled from its source, in
+    eval mode with no gradients, in ``model.teacher.precision`` (null: ``trainer.precision``). ``build_head``:
+    the task's ``build_head(model_cfg)``, given the teacher's config."""
+    src, m = inspect_task_teacher(cfg, labels, vocab_file)
+    dtype = precision_dtype(cfg.model.teacher.precision or cfg.trainer.precision)
+    teacher = build_task_model(m, task_padded_vocab(m, vocab_size, src), build_head(m), dtype, seed,
+                               pre_process=True, post_process=True)
+    try:
+        load_into(teacher, src, encoder_only=False)
+    except CheckpointError as exc:
+        raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
+    teacher.eval()
+    teacher.requires_grad_(False)
+    s = m.shape()
+    log.info("teacher %s (fine-tuned %s, %s): %d layers, hidden %d, %s, forward only", src.origin or src.path,
+             cfg.task, src.shape["family"], s.num_layers, s.hidden_size, dtype_name(dtype))
     return teacher

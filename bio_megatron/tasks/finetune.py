@@ -28,6 +28,7 @@ from bio_megatron.models.bert import describe_precision, dtype_name, precision_d
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
+from bio_megatron.tasks.distill import with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.packing import model_inputs, pack
 from bio_megatron.tasks.protocol import TASKS, Split, Task
@@ -217,6 +218,7 @@ def setup(cfg: FinetuneConfig):
         load_into(model, src, encoder_only=not same_task)
         log.info("restored %s from %s (%s)", "encoder + head" if same_task else "encoder", src.path, src.kind)
     ddp = wrap_for_training(model, m, dtype)
+    task = with_teacher(cfg, task, tokenizer)  # task-specific distillation (tasks/distill.py); else the task itself
     return world, tokenizer, task, model, ddp, dtype, padded
 
 

@@ -19,6 +19,22 @@ def test_recipe_loads_and_validates(recipe: Path) -> None:
     assert cfg.model.teacher.restore_from_path == "teacher"
 
 
+TASK_RECIPES = sorted((RECIPES[0].parent).glob("*/[!_]*.yaml"))  # nemo_configs/distill/<task>/: finetune recipes
+
+
+def test_task_recipes_exist() -> None:
+    assert [p.relative_to(RECIPES[0].parent).as_posix() for p in TASK_RECIPES] == ["ner/tiny_ner_distill.yaml"]
+
+
+@pytest.mark.parametrize("recipe", TASK_RECIPES, ids=lambda p: p.stem)
+def test_task_recipe_loads_as_a_finetune_config_of_its_folders_task(recipe: Path) -> None:
+    from bio_megatron.config.finetune import load_finetune_config
+
+    cfg = load_finetune_config(recipe.parent.name, recipe, ["model.teacher.restore_from_path=teacher"])
+    assert cfg.model.teacher.restore_from_path == "teacher" and cfg.model.distill.temperature == 2.0
+    assert load_finetune_config(recipe.parent.name, recipe).model.teacher.restore_from_path is None
+
+
 def test_biolm_student_is_the_pretraining_recipe_but_for_what_distillation_changes() -> None:
     from bio_megatron.config.distill import load_distill_config
     from bio_megatron.config.loader import to_dict

@@ -1,0 +1,87 @@
+"""Task-specific distillation (``finetune ner`` with ``model.teacher.restore_from_path`` = a fine-tuned NER
+teacher): the loss on the real models' logits equals alpha_task x the token cross entropy + alpha_kl x T^2 x KL
+computed independently (``torch.distributions``); TP2 = TP1 per step within 1e-5; the teacher is forward-only
+(bit-identical after training, no gradients, eval mode, never in the optimizer); bad teachers are one line, exit 2,
+nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from harness import run_world
+from reliability.files import tree_digest
+from task_runs import (DATA, ROOT, TINY_NER_DISTILL, cli, distil_and_record, distil_rank, make_ner_teacher,
+                       run_overrides)
+from torch.distributions import Categorical, kl_divergence
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory) -> dict:
+    """The fine-tuned teacher and one TP1 distillation of 3 steps that records what its loss read."""
+    root = tmp_path_factory.mktemp("task_distill")
+    teacher = make_ner_teacher(root)
+    (tp1,) = run_world(1, distil_and_record, run_overrides(root, "tp1", teacher))
+    return {"root": root, "teacher": teacher, "tp1": tp1}
+
+
+def test_the_loss_is_the_task_loss_plus_the_kl_of_the_teachers_label_distributions(ner) -> None:
+    calls = ner["tp1"]["calls"]
+    assert len(calls) == 2 and {c["kind"] for c in calls} == {"tokens"}
+    for c in calls:
+        s, t, labels = torch.tensor(c["student"]), torch.tensor(c["teacher"]), torch.tensor(c["labels"])
+        d = c["settings"]
+        assert s.shape[-1] == t.shape[-1] == 3 and not torch.equal(s, t)  # the 4x64 teacher's own logits
+        task = torch.nn.functional.cross_entropy(s.reshape(-1, 3).double(), labels.reshape(-1), ignore_index=-100)
+        at = labels != -100
+        T = d["temperature"]
+        kl = kl_divergence(Categorical(logits=t[at].double() / T), Categorical(logits=s[at].double() / T)).mean()
+        want = d["alpha_task"] * float(task) + d["alpha_kl"] * T * T * float(kl)
+        assert c["loss"] == pytest.approx(want, rel=1e-5)
+        assert float(kl) > 1e-4  # the KL term is really there
+
+
+def test_tp2_equals_tp1(ner) -> None:
+    tp2 = run_world(2, distil_rank, run_overrides(ner["root"], "tp2", ner["teacher"],
+                                                  "model.tensor_model_parallel_size=2"))
+    assert len(ner["tp1"]["losses"]) == 3
+    for losses in tp2:
+        assert max(abs(a - b) for a, b in zip(losses, ner["tp1"]["losses"])) < 1e-5, (losses, ner["tp1"]["losses"])
+
+
+def test_the_teacher_is_forward_only_and_bit_identical_after_training(ner) -> None:
+    r = ner["tp1"]["teacher"]
+    assert r == {"identical": True, "no_grad": True, "eval_mode": True, "in_optimizer": 0, "stepped": r["stepped"]}
+    assert r["stepped"] > 0
+
+
+CASES = {  # extra overrides (or another task), what the one line says
+    "other_labels": (("model.dataset.data_dir=" + str(ROOT / "tests" / "fixtures" / "ner"),
+                      "model.dataset.train_file=bc5cdr_disease_devel_head.tsv",
+                      "model.dataset.dev_file=bc5cdr_disease_devel_head.tsv"),
+                     ["the teacher's labels ['O', 'B-Chemical', 'I-Chemical'] are not the student's",
+                      "'B-Disease'"]),
+    "other_vocabulary": (("model.tokenizer.vocab_file=bert_base_uncased",), ["its vocabulary", "not the student's"]),
+    "pipeline": (("model.pipeline_model_parallel_size=2",), ["must be 1 for task-specific distillation"]),
+    "other_task": ((), ["is a fine-tuned ner model; finetune qa distils from a teacher fine-tuned on qa"]),
+    "no_teacher_there": ((), ["model.teacher.restore_from_path: "]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_bad_teacher_is_one_line_exit_2_and_nothing_written(case: str, ner, tmp_path: Path) -> None:
+    extra, expected = CASES[case]
+    teacher = tmp_path / "nowhere" if case == "no_teacher_there" else ner["teacher"]
+    before = tree_digest(ner["teacher"])
+    if case == "other_task":
+        argv = ["finetune", "qa", "--config", "tiny_qa", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=run",
+                "trainer.max_steps=1", f"model.teacher.restore_from_path={teacher}"]
+    else:
+        argv = ["finetune", "ner", "--config", str(TINY_NER_DISTILL), *run_overrides(tmp_path, "run", teacher, *extra)]
+    (rc, msg), = run_world(1, cli, argv)
+    assert rc == 2, msg
+    assert all(e in msg for e in expected), msg
+    assert "\n" not in msg.strip() or case == "pipeline", msg
+    assert not (tmp_path / "run").exists()
+    assert tree_digest(ner["teacher"]) == before and DATA.is_dir()
