@@ -18,7 +18,13 @@ EXPORT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def save_tokenizer(out: Path, vocab_file: Path, lowercase: bool) -> None:
     """The tokenizer files transformers loads for ``vocab_file``: RoBERTa's vocab.json + merges.txt, ALBERT's
-    spiece.model (+ AlbertTokenizer files), else a BertTokenizer's files and the plain vocab.txt."""
+    spiece.model (+ AlbertTokenizer files), a one-file BPE tokenizer.json (ModernBERT's) unchanged, else a
+    BertTokenizer's files and the plain vocab.txt."""
+    if Path(vocab_file).name == "tokenizer.json":
+        from bio_megatron.vocab.tokenizer_json import save_tokenizer_json
+
+        save_tokenizer_json(out, vocab_file)
+        return
     bpe = bpe_files(vocab_file)
     if bpe is not None:  # RoBERTa: vocab.json + merges.txt are what RobertaTokenizer (and import hf) read
         for f in (*bpe, bpe[0].parent / "tokenizer.json"):

@@ -22,6 +22,7 @@ from bio_megatron.models.hf_convert import read_tokenizer_json
 from bio_megatron.training.checkpoint import read_metadata
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
+from bio_megatron.vocab.tokenizer_json import is_bpe_tokenizer_json
 
 _SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
@@ -93,6 +94,8 @@ def resolve_source(path: str | Path) -> Source:
     vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
     if (ckpt / "spiece.model").is_file():  # ALBERT's SentencePiece model (training/checkpoint.py saves it so)
         vocab = ckpt / "spiece.model"
+    if not vocab.is_file() and is_bpe_tokenizer_json(ckpt / "tokenizer.json"):  # a one-file BPE (ModernBERT's)
+        vocab = ckpt / "tokenizer.json"
     # recorded in config.yaml (bio_megatron.json too) since families exist; inferred for older checkpoints
     shape["family"] = meta.get("family") or family_of_model(model, vocab_file=vocab).name
     labels = None
@@ -138,6 +141,8 @@ def _hf_vocab(path: Path) -> tuple[Path | None, bool | None]:
             value = load_json(path / "tokenizer_config.json").get("do_lower_case")
             lower = value if isinstance(value, bool) else None
         return path / "spiece.model", lower
+    if is_bpe_tokenizer_json(path):  # ModernBERT's one-file BPE (vocab/tokenizer_json.py), read as it is
+        return path / "tokenizer.json", False
     if (path / "tokenizer.json").is_file():
         tokens, lower = read_tokenizer_json(path / "tokenizer.json")
         if not (path / "vocab.txt").is_file():

@@ -190,6 +190,8 @@ def _describe(directory: Path, cfg, vocab_file: str | Path, meta: dict, files: d
             shutil.copyfile(Path(vocab_file).parent / name, directory / name)
     elif Path(vocab_file).suffix == ".model":  # ALBERT's SentencePiece model, under the name transformers reads
         shutil.copyfile(vocab_file, directory / "spiece.model")
+    elif Path(vocab_file).name == "tokenizer.json":  # a one-file BPE tokenizer (ModernBERT's), kept as it is
+        shutil.copyfile(vocab_file, directory / "tokenizer.json")
     else:
         shutil.copyfile(vocab_file, directory / "vocab.txt")
     for name, text in (files or {}).items():

@@ -27,7 +27,7 @@ def bpe_files(path: str | Path) -> tuple[Path, Path] | None:
     """``(vocab.json, merges.txt)`` when ``path`` is a BPE folder or its ``vocab.json``; else None."""
     path = Path(path)
     vocab = path / "vocab.json" if path.is_dir() else path
-    if vocab.suffix != ".json" or not vocab.is_file():
+    if vocab.suffix != ".json" or not vocab.is_file() or vocab.name == "tokenizer.json":  # one-file: tokenizer_json
         return None
     merges = vocab.parent / "merges.txt"
     if not merges.is_file():
@@ -149,11 +149,15 @@ class BPETokenizer(RustBackedTokenizer):
 
 
 def load_tokenizer(path: str | Path, lowercase: bool | None = None):
-    """A :class:`BPETokenizer` for a BPE folder / ``vocab.json``, an ALBERT SentencePiece tokenizer for a ``.model``
+    """A :class:`BPETokenizer` for a BPE folder / ``vocab.json``, a ``tokenizer.json`` BPE model (ModernBERT's:
+    :mod:`bio_megatron.vocab.tokenizer_json`), an ALBERT SentencePiece tokenizer for a ``.model``
     (:mod:`bio_megatron.vocab.sentencepiece`), else a WordPiece tokenizer over ``vocab.txt``."""
     from bio_megatron.vocab.sentencepiece import SentencePieceTokenizer, is_sentencepiece
+    from bio_megatron.vocab.tokenizer_json import TokenizerJsonBPE, is_bpe_tokenizer_json
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
+    if is_bpe_tokenizer_json(path):  # before is_bpe: a tokenizer.json is a .json without merges.txt beside it
+        return TokenizerJsonBPE(path, lowercase)
     if is_bpe(path):
         return BPETokenizer(path)
     if is_sentencepiece(path):
