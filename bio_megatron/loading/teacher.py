@@ -19,6 +19,7 @@ import copy
 from pathlib import Path
 
 import torch
+from megatron.core import parallel_state as ps
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
@@ -28,6 +29,7 @@ from bio_megatron.loading.model import build_task_model, load_full_state, load_i
 from bio_megatron.loading.source import apply_source_shape, resolve_source
 from bio_megatron.models.bert import dtype_name, precision_dtype
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training.distill_memory import check_distill_fits
 from bio_megatron.training.resume_checks import vocab_digest, vocab_files
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
@@ -138,9 +140,13 @@ def _load_teacher(cfg, vocab_file: str | Path, vocab_size: int, trainer_precisio
     where = student.teacher.restore_from_path
     src, family, m = _inspect(cfg, vocab_file)
     dtype = precision_dtype(student.teacher.precision or trainer_precision)
+    # both models share the vocabulary padding (teacher_config), so one padded size serves both
+    padded = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+    if not cfg.trainer.skip_memory_check:  # before the teacher (and the student, built later) is allocated
+        check_distill_fits(student, padded, precision_dtype(trainer_precision), m, padded, dtype,
+                           ps.get_data_parallel_world_size())
     teacher = family.build_pretraining_model(m, vocab_size, dtype)
     if src.kind == "hf":
-        padded = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
         full = read_hf_state(src.path, m.shape(), padded)
         if "lm_head.dense.weight" not in full:
             raise CheckpointError(f"model.teacher.restore_from_path ({where}) has no masked-LM head (a bare encoder): "
