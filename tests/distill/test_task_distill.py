@@ -85,3 +85,13 @@ def test_a_bad_teacher_is_one_line_exit_2_and_nothing_written(case: str, ner, tm
     assert "\n" not in msg.strip() or case == "pipeline", msg
     assert not (tmp_path / "run").exists()
     assert tree_digest(ner["teacher"]) == before and DATA.is_dir()
+
+
+def test_a_hugging_face_task_teacher_teaches_as_its_checkpoint(ner, tmp_path: Path) -> None:
+    """The teacher exported with ``export hf`` (MegatronBertForTokenClassification, its id2label) and read back by
+    loading/: the same losses per step as with the checkpoint it came from."""
+    hf = tmp_path / "teacher_hf"
+    (rc, msg), = run_world(1, cli, ["export", "hf", "--checkpoint", str(ner["teacher"]), "--out", str(hf)])
+    assert rc == 0, msg
+    (losses,) = run_world(1, distil_rank, run_overrides(ner["root"], "hf_teacher", hf))
+    assert max(abs(a - b) for a, b in zip(losses, ner["tp1"]["losses"])) < 1e-5, (losses, ner["tp1"]["losses"])
