@@ -8,9 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 
-PACKING_FAMILIES = (None, "megatron_bert", "bert", "roberta", "electra")
-"""Families whose encoders take megatron-core's attention mask and learned positions as given (None: inferred,
-one of these); ALBERT's shared layer and ModernBERT's local windows build their own."""
+PACKING_FAMILIES = (None, "megatron_bert", "bert", "roberta", "electra", "modernbert")
+"""Families whose encoders take the per-document block mask and restart positions per document (None: inferred,
+one of the BERT-shaped ones): megatron-core's attention mask and learned positions as given, or ModernBERT's rotary
+positions restarting per document with its local band inside the block mask (``models/modernbert.py``); ALBERT's
+shared layer builds its own masks."""
 
 
 def packing_problems(m: Any) -> list[str]:

@@ -502,9 +502,11 @@ def modernbert_problems(m: ModelConfig) -> list[str]:
                         f"{m.transformer_block_type})")
     if m.sequence_parallel:
         problems.append("model.sequence_parallel (true) is not implemented for model.family modernbert: set it false")
-    if m.objective != "bert" or m.bert_binary_head:
-        problems.append(f"model.family (modernbert) pretrains with model.objective=bert and model.bert_binary_head="
-                        f"false (MLM only), got {m.objective} and {str(m.bert_binary_head).lower()}")
+    # bert: megatron-core's BERT samples; mlm: RoBERTa's rows, which model.data.packing fills with whole documents
+    if m.objective not in ("bert", "mlm") or m.bert_binary_head:
+        problems.append(f"model.family (modernbert) pretrains with model.objective=bert (or mlm) and "
+                        f"model.bert_binary_head=false (MLM only), got {m.objective} and "
+                        f"{str(m.bert_binary_head).lower()}")
     if m.transformer_impl == "transformer_engine":
         problems.append("model.transformer_impl (transformer_engine) is not implemented for model.family modernbert "
                         "(its rotary bases and local window live in megatron-core's local spec): use local or auto")

@@ -166,9 +166,14 @@ class ModernBertEmbedding(LanguageModelEmbedding):
         super().__init__(config=config, vocab_size=vocab_size, max_sequence_length=max_sequence_length,
                          position_embedding_type="rope", num_tokentypes=0)
         self.norm = BiasFreeLayerNorm(config, config.hidden_size, config.layernorm_epsilon)
+        self.rope_layers: list[RopeSelfAttention] = []
+        """A fine-tuning model's attention layers (a plain list: not submodules), handed the ``position_ids`` the
+        task model passes here (restarting per example in a packed batch: ``tasks/packing.py``)."""
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 tokentype_ids: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        for attention in self.rope_layers:
+            attention.positions = position_ids
         words = self.word_embeddings(input_ids).transpose(0, 1).contiguous()  # [s, b, h]
         return self.embedding_dropout(self.norm(words))
 
@@ -293,4 +298,6 @@ def modernbert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtyp
         raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
     config = modernbert_transformer_config(m, dtype)
     embedding = ModernBertEmbedding(config, padded_vocab, m.max_position_embeddings)
-    return embedding, TransformerBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
+    block = TransformerBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
+    embedding.rope_layers = [mod for mod in block.modules() if isinstance(mod, RopeSelfAttention)]
+    return embedding, block
