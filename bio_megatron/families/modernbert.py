@@ -216,6 +216,17 @@ class ModernBertFamily:
 
         return build_modernbert_model(m, vocab_size, dtype)
 
+    def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """The exact parameters of :class:`~bio_megatron.models.modernbert.ModernBertModel` (``pretrain --dry-run``,
+        the memory check, the benchmark report): no biases but the decoder's, no position table, GeGLU's fc1 twice
+        as wide, layer 0's unapplied attention norm kept, the decoder weight tied to the word table (once)."""
+        s = m.shape()
+        h, f = s.hidden_size, s.ffn_hidden_size
+        per_layer = 4 * h * h + 3 * h * f + 2 * h  # qkv + proj, fc1 [2F, H] + fc2 [H, F], two LayerNorm gains
+        embedding = padded_vocab * h + h  # word table + its norm
+        head = h * h + h + padded_vocab  # dense + norm, the decoder's bias
+        return embedding + s.num_layers * per_layer + h + head  # + the final norm
+
     def task_encoder(self, m: ModelConfig, padded_vocab: int, config: TransformerConfig, pre_process: bool,
                      post_process: bool) -> tuple[nn.Module | None, nn.Module]:
         from bio_megatron.models.modernbert import modernbert_task_encoder
