@@ -109,7 +109,10 @@ class RopeSelfAttention(SelfAttention):
         0 .. s-1 in every row)."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
-        table = rope_table(hidden_states.shape[0], self.config.kv_channels, self.rope_base, hidden_states.device)
+        # as long as the largest position (positions may start past 0: the relative-position property's test)
+        seq = hidden_states.shape[0] if self.positions is None else max(hidden_states.shape[0],
+                                                                          int(self.positions.max()) + 1)
+        table = rope_table(seq, self.config.kv_channels, self.rope_base, hidden_states.device)
         if self.positions is not None:  # [s, 1, 1, d] -> each row's own positions: [s, b, 1, d]
             table = table[:, 0, 0][self.positions.t()].unsqueeze(2)
         kwargs["rotary_pos_emb"] = (table, table)
