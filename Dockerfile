@@ -34,12 +34,13 @@ COPY bio_megatron ./bio_megatron
 COPY nemo_configs ./nemo_configs
 COPY slurm ./slurm
 
-# The project's own dependencies minus torch and megatron-core (taken from the base image and the
-# layer above), installed under the image's constraints so torch, numpy and TE stay the NGC builds.
-RUN python -c "import tomllib; deps = tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.replace(' ', '').lower().startswith(('torch=', 'torch>', 'megatron-core'))))" > /tmp/requirements.txt \
-    && python -m pip install --no-cache-dir ${PIP_EXTRA_ARGS} -r /tmp/requirements.txt \
-    && python -m pip install --no-cache-dir --no-deps ${PIP_EXTRA_ARGS} . \
-    && rm /tmp/requirements.txt \
+# The project with its dependencies, as pyproject.toml states them: torch and transformers are ranges, so the
+# image's torch (and TE built on it) satisfies them and stays; the image's constraints (PIP_CONSTRAINT) are kept, so a
+# base whose torch is outside the range fails here instead of being replaced. torch's files are checked unchanged.
+# hadolint ignore=DL3013  # the project itself, not a package to pin
+RUN torch_before=$(python -c "import torch; print(torch.__version__, torch.__file__)") \
+    && python -m pip install --no-cache-dir ${PIP_EXTRA_ARGS} . \
+    && test "$(python -c "import torch; print(torch.__version__, torch.__file__)")" = "$torch_before" \
     && bio-megatron --help > /dev/null
 
 COPY docker/entrypoint.sh /usr/local/bin/bio-megatron-entrypoint

@@ -1,4 +1,6 @@
 # Two commands on a fresh machine:  make demo   and   make test
+# .venv gets the exact set CI tests (requirements/lock.txt, as constraints); pyproject.toml's ranges are for
+# `pip install .` into an environment of one's own.
 SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
@@ -17,7 +19,9 @@ for c in $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.1[2-9]*/bin/python3 /usr/local
 done; exit 1
 endef
 
-$(STAMP): pyproject.toml
+LOCK  := requirements/lock.txt
+
+$(STAMP): pyproject.toml $(LOCK)
 	@set -e; \
 	if [ ! -x $(PY) ] || ! $(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null; then \
 	  base=$$( $(FIND_PY) ) || { echo "error: no working Python >= 3.12 found (tried python3.13, python3.12, python3, pyenv versions). Install Python 3.12 (megatron-core needs it)." >&2; exit 1; }; \
@@ -25,7 +29,7 @@ $(STAMP): pyproject.toml
 	  rm -rf $(VENV); $$base -m venv $(VENV); \
 	fi; \
 	$(PY) -m pip install --quiet --upgrade pip; \
-	$(PY) -m pip install --quiet -e '.[test]'; \
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[dev]'; \
 	touch $(STAMP)
 
 venv: $(STAMP)
