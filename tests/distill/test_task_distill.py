@@ -95,3 +95,31 @@ def test_a_hugging_face_task_teacher_teaches_as_its_checkpoint(ner, tmp_path: Pa
     assert rc == 0, msg
     (losses,) = run_world(1, distil_rank, run_overrides(ner["root"], "hf_teacher", hf))
     assert max(abs(a - b) for a, b in zip(losses, ner["tp1"]["losses"])) < 1e-5, (losses, ner["tp1"]["losses"])
+
+
+def _other_task_rank(task: str, over: list[str]) -> list[float]:
+    from finetune.ft_runs import finetune_rank
+
+    return finetune_rank(task, over)["losses"]
+
+
+OTHER = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
+         "model.dataset.max_eval_examples=8"]
+
+
+@pytest.mark.parametrize("task", ["qa", "re"])
+def test_span_and_relation_students_distil_with_tp2_equal_to_tp1(task: str, tmp_path: Path) -> None:
+    """QA (start and end logits over the real tokens) and RE (a label distribution per example) end to end on their
+    tiny recipes: a 2-layer student of a fine-tuned 4-layer teacher; the teacher changes the losses, TP2 = TP1."""
+    from finetune.ft_runs import finetune_rank
+
+    (teacher,) = run_world(1, finetune_rank, task, [*OTHER, f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=t"])
+    student = [*OTHER, f"exp_manager.exp_dir={tmp_path}", "model.num_layers=2"]
+    (alone,) = run_world(1, _other_task_rank, task, [*student, "exp_manager.name=alone"])
+    with_teacher = [*student, f"model.teacher.restore_from_path={teacher['checkpoint']}"]
+    (tp1,) = run_world(1, _other_task_rank, task, [*with_teacher, "exp_manager.name=tp1"])
+    tp2 = run_world(2, _other_task_rank, task, [*with_teacher, "exp_manager.name=tp2",
+                                                "model.tensor_model_parallel_size=2"])
+    assert len(tp1) == 3 and abs(tp1[0] - alone[0]) > 1e-4, (tp1, alone)  # the KL term is in the loss
+    for losses in tp2:
+        assert max(abs(a - b) for a, b in zip(losses, tp1)) < 1e-5, (losses, tp1)
