@@ -65,7 +65,7 @@ class NerTask:
             # the span formats tag a type B-/I- by construction: both are labels even where training shows only B-
             types = {t[1:] for s in train for t in s.tags if t[:1] in ("B", "I")}  # "-<type>", or "" (untyped)
             both = [Sentence([], [p + t for t in types for p in "BI"])] if self.d.format in SPAN_FORMATS else []
-            label_map = build_label_map(train + both, self.d.pad_label)
+            label_map = build_label_map(train + both, self.d.pad_label, self.d.continuation_label == "inside")
         else:
             if labels[0] != self.d.pad_label:
                 raise DataError(f"the restored model's label 0 is {labels[0]!r}, but pad_label is {self.d.pad_label!r}")
@@ -79,7 +79,8 @@ class NerTask:
 
     def _encode(self, sentences: list[Sentence]) -> NerSplit:
         return NerSplit(sentences, encode_sentences(sentences, self.tokenizer, self.label_map, self.d.max_seq_length,
-                                                    self.d.ignore_extra_tokens, self.d.ignore_start_end))
+                                                    self.d.ignore_extra_tokens, self.d.ignore_start_end,
+                                                    self.d.continuation_label))
 
     def split(self, name: str) -> NerSplit | None:
         """dev/test split, read on first use (tags must be in the training label map)."""

@@ -4,17 +4,22 @@ Label ids follow NeMo: the ``pad_label`` (``O``) is id 0 and the other labels fo
 the map is saved as ``label_ids.csv`` (one label per line, the line number is the id).
 
 Sub-word labels (paper Figure 1) come in two schemes:
-``ignore_extra_tokens=False``: every sub-token carries its word's label;
+``ignore_extra_tokens=False``: every sub-token is labelled;
 ``ignore_extra_tokens=True``: only the first sub-token is labelled, the rest get ``IGNORE_INDEX``.
-``ignore_start_end`` masks [CLS]/[SEP] out of the loss. Predictions are per word, read at the
-word's first sub-token (:func:`word_predictions`).
+A labelled later sub-token of a ``B-X`` word is ``I-X`` under ``continuation="inside"`` (transformers' run_ner
+``b_to_i_label``: the sub-tokens read left to right are valid IOB, so ``pipeline("token-classification",
+aggregation_strategy="simple")``, which groups sub-tokens, finds whole entities), or ``B-X`` like the first under
+``continuation="word"`` (NeMo's: each sub-token carries its word's label; "simple" then splits every word into
+entities of one sub-token). ``ignore_start_end`` masks [CLS]/[SEP] out of the loss. Predictions are per word,
+read at the word's first sub-token (:func:`word_predictions`), so the scheme changes the training targets of later
+sub-tokens only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Literal, Sequence
 
 # The IOB format itself is read one layer down (vocab statistics read it too); these names stay importable here.
 from bio_megatron.corpus.iob import Sentence, check_tag, read_iob, write_iob  # noqa: F401
@@ -87,9 +92,13 @@ def nemo_to_iob(text_path: str | Path, labels_path: str | Path, out_path: str | 
 
 
 # --- label map ------------------------------------------------------------------------------------
-def build_label_map(sentences: Iterable[Sentence], pad_label: str = "O") -> dict[str, int]:
-    """NeMo's label ids: ``pad_label`` -> 0, the other tags seen in ``sentences`` sorted, from 1."""
+def build_label_map(sentences: Iterable[Sentence], pad_label: str = "O", inside: bool = False) -> dict[str, int]:
+    """NeMo's label ids: ``pad_label`` -> 0, the other tags seen in ``sentences`` sorted, from 1. ``inside``: the
+    ``I-X`` of every ``B-X`` seen is a label too (the ``continuation="inside"`` target of a one-word entity's later
+    sub-tokens, even where no entity of that type spans two words)."""
     seen = {t for s in sentences for t in s.tags}
+    if inside:
+        seen |= {"I" + t[1:] for t in seen if t[:1] == "B" and t[1:2] in ("", "-")}
     seen.discard(pad_label)
     return {pad_label: 0, **{t: i for i, t in enumerate(sorted(seen), 1)}}
 
@@ -144,16 +153,23 @@ class NerFeature:
 
 def encode_sentences(sentences: Sequence[Sentence], tokenizer, label_map: dict[str, int],
                      max_seq_length: int = 128, ignore_extra_tokens: bool = False,
-                     ignore_start_end: bool = True) -> list[NerFeature]:
-    """Tokenize words into sub-tokens and align labels under the chosen scheme.
+                     ignore_start_end: bool = True,
+                     continuation: Literal["inside", "word"] = "word") -> list[NerFeature]:
+    """Tokenize words into sub-tokens and align labels under the chosen scheme (module docstring).
 
     ``tokenizer`` is what :func:`bio_megatron.vocab.bpe.load_tokenizer` returns: WordPiece, or byte-level BPE,
     whose words each get their leading-space form as ``RobertaTokenizerFast(add_prefix_space=True)`` gives them
     (``<s>``/``</s>`` then play [CLS]/[SEP]). Sequences longer than ``max_seq_length`` (with [CLS]/[SEP]) are
     truncated; words cut off get no prediction position and :func:`word_predictions` fills them with the pad label.
+    Under ``continuation="inside"`` a ``B-X`` whose ``I-X`` is not in ``label_map`` (a restored model's map from a
+    run that never saw it) keeps ``B-X`` on its later sub-tokens.
     """
     if max_seq_length < 3:
         raise DataError(f"max_seq_length ({max_seq_length}) must leave room for [CLS], [SEP] and a token")
+    if continuation not in ("inside", "word"):
+        raise DataError(f"continuation must be 'inside' or 'word', got {continuation!r}")
+    later = {i: label_map.get("I" + t[1:], i) if continuation == "inside" and t[:1] == "B" and t[1:2] in ("", "-")
+             else i for t, i in label_map.items()}  # label id of a word's later sub-tokens, by the word's label id
     encodings = tokenizer.encode_words([s.words for s in sentences])
     features, truncated = [], 0
     for i, (s, enc) in enumerate(zip(sentences, encodings)):
@@ -175,7 +191,7 @@ def encode_sentences(sentences: Sequence[Sentence], tokenizer, label_map: dict[s
             else:
                 first = w != prev
                 keep = first or not ignore_extra_tokens
-                labels.append(tag_ids[w] if keep else IGNORE_INDEX)
+                labels.append((tag_ids[w] if first else later[tag_ids[w]]) if keep else IGNORE_INDEX)
                 loss_mask.append(int(keep))
                 sub_mask.append(int(first))
             prev = w

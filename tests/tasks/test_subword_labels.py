@@ -85,6 +85,7 @@ def test_the_recipe_key_selects_the_scheme(setup, value):
     cfg = load_finetune_config("ner", ROOT / "nemo_configs" / "ner" / "tiny_ner.yaml",
                                [f"model.dataset.data_dir={TRAIN.parent}", f"model.dataset.train_file={TRAIN.name}",
                                 f"model.dataset.max_train_examples={SENTENCE + 1}",
-                                f"model.dataset.ignore_extra_tokens={str(value).lower()}"])
+                                f"model.dataset.ignore_extra_tokens={str(value).lower()}",
+                                "model.dataset.continuation_label=word"])  # NeMo's labelling, as _expected
     task = NerTask(cfg, tok)
     assert task.train.features[SENTENCE].labels == _expected(sent, pieces, task.label_map, value)
