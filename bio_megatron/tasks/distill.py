@@ -18,7 +18,7 @@ import torch
 from bio_megatron.loading.teacher import load_task_teacher
 from bio_megatron.tasks.packing import model_inputs
 from bio_megatron.tasks.protocol import Task
-from bio_megatron.training.distill_task_loss import task_distill_loss
+from bio_megatron.training.distill_task_loss import REPORT_KEYS, task_distill_loss
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.log import get_logger
 
@@ -42,6 +42,8 @@ def kind_of(task: Task) -> str:
 class DistilledTask:
     """The wrapped task with a training loss that adds the teacher's KL term; every other member is the task's."""
 
+    report_keys = REPORT_KEYS  # the loop averages them per step; metrics.jsonl records them (unweighted)
+
     def __init__(self, task: Task, teacher: torch.nn.Module, settings, kind: str):
         self.task, self.teacher, self.settings, self.kind = task, teacher, settings, kind
         self.last_report: dict[str, torch.Tensor] = {}
@@ -52,6 +54,7 @@ class DistilledTask:
     def loss(self, logits: torch.Tensor, batch: dict) -> torch.Tensor:
         task_loss = self.task.loss(logits, batch)
         if not torch.is_grad_enabled():  # dev / test evaluation: the task's own loss, comparable with plain runs
+            self.last_report = {}
             return task_loss
         with torch.no_grad():
             args, kwargs = model_inputs(batch)

@@ -60,7 +60,7 @@ def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
     if not ps.is_pipeline_last_stage():
         return out, None
     loss = task.loss(out, b)
-    report = {"loss": loss.detach().clone()}
+    report = {"loss": loss.detach().clone(), **getattr(task, "last_report", {})}  # distillation's terms
     if keep_outputs:
         report["outputs"] = list(zip(b["index"].tolist(), task.outputs(out.detach().float(), b)))
     return loss, lambda output: (output, report)
@@ -257,7 +257,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
                       forward_step=partial(forward_step, task=task, keep_outputs=False),
                       train_batches=batches.train, valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
                       micro_batch_size=m.micro_batch_size, max_steps=max_steps,
-                      max_nonfinite_steps=t.max_nonfinite_steps)
+                      max_nonfinite_steps=t.max_nonfinite_steps, report_keys=getattr(task, "report_keys", ()))
     batches.state = state
     eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
     best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
@@ -326,7 +326,7 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         eta = (now - clock["start"]) / max(1, s - clock["start_step"]) * (max_steps - s)
         clock.update(last=now, last_step=s)
         epoch = (s - 1) // per_epoch
-        out.write({"step": s, "epoch": epoch, "loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm,
+        out.write({"step": s, "epoch": epoch, "loss": r.loss, **r.extra, "lr": r.lr, "grad_norm": r.grad_norm,
                    "examples_per_sec": examples_s, "memory_gib": memory_gib(), "eta_s": round(eta, 1),
                    **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
                    **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})

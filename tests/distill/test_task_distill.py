@@ -42,6 +42,20 @@ def test_the_loss_is_the_task_loss_plus_the_kl_of_the_teachers_label_distributio
         assert float(kl) > 1e-4  # the KL term is really there
 
 
+def test_each_term_is_logged_and_the_loss_is_their_weighted_sum(ner) -> None:
+    import json
+
+    recs = [r for r in map(json.loads, (ner["root"] / "tp1" / "metrics.jsonl").read_text().splitlines())
+            if "loss" in r]
+    assert [r["step"] for r in recs] == [1, 3]  # tiny_ner logs every 10 steps: the first and the last
+    for r in recs:  # tiny_ner_distill: alpha_task 1.0, alpha_kl 1.0
+        assert r["task_loss"] > 0 and r["kl_loss"] > 0
+        assert r["loss"] == pytest.approx(r["task_loss"] + r["kl_loss"], rel=1e-5)
+    dev = [r for r in map(json.loads, (ner["root"] / "tp1" / "metrics.jsonl").read_text().splitlines())
+           if "val_loss" in r]
+    assert dev and all("kl_loss" not in r for r in dev)  # evaluation is the student's task loss alone
+
+
 def test_tp2_equals_tp1(ner) -> None:
     tp2 = run_world(2, distil_rank, run_overrides(ner["root"], "tp2", ner["teacher"],
                                                   "model.tensor_model_parallel_size=2"))
