@@ -1,9 +1,13 @@
 """Public fine-tuning datasets in one table: where each official copy lives, its checksums and licence.
 
 Every file is pinned to a commit of the repository that published it (a raw GitHub URL), with its size and
-full sha256, so a download is the same bytes whenever it runs. The pinned files are already in the formats
-our readers take (IOB ``token<TAB>tag`` for NER, BLURB's TSVs for the classification sets), so no set here
-needs a converter; a set whose official release needs one would name it in ``converter``.
+full sha256, so a download is the same bytes whenever it runs. Most pinned files are already in the formats
+our readers take (IOB ``token<TAB>tag`` for NER, BLURB's TSVs for the classification sets, SciBERT's ChemProt
+JSON lines for ``finetune re``); a set whose official release needs one names its ``converter`` (PubMedQA: BLURB's
+split made from the release, ``corpus/pubmedqa_split.py``), run on the verified files before the folder is renamed.
+
+Not here (yet): DDI (BLURB's train.tsv is in no pinned copy; it would need our own converter from the DDI-2013
+XML release) and EBM-PICO (BLURB's training split is in no copy we could pin and check).
 
 Downloads reuse :mod:`bio_megatron.corpus.download` (resume from ``.part``, retries, verification). A set is
 fetched into ``<out>/<name>.partial/`` and renamed to ``<out>/<name>/`` only once every file verified, so a
@@ -32,6 +36,8 @@ _EDANER = ("issifuabdulmajeed/EDANER_4_BioBERT", "832b988e2ab8a88be7247283a4d82b
 _MTL_LICENCE = ("CC BY 4.0 (the MTL-Bioinformatics-2016 repository; the corpus keeps its own terms)",
                 "https://github.com/cambridgeltl/MTL-Bioinformatics-2016/blob/master/LICENSE.md")
 _BLURB_SCRIPTS = "MIT (Microsoft BLURB data_generation; covers the scripts, not the corpus)"
+_PUBMEDQA = ("pubmedqa/pubmedqa", "1cbae8e92f72f20c8d3747cbb3bf5bc53554d997")
+_SCIBERT = ("allenai/scibert", "06793f77d7278898159ed50da30d173cdc8fdea9")
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,31 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
         "train.tsv": (2603679, "48352fe9828a63254c9302d5c9a13abe0167a5016dd1143e7f7e47c0348c9a81"),
         "dev.tsv": (391373, "c0bae75eab5940db8afd3ac620d391661c826fa1428e38d258c9e730f4358b99"),
         "test.tsv": (761669, "2e9ffe24c756b126efa2d351a9572ebb671a3473658bc0766d02ec80b9129d48")}),
+    # the official PQA-L release; BLURB's 450/50/500 split is made from it (converter)
+    Dataset("PubMedQA", "blurb", *_PUBMEDQA, (
+        DatasetFile("ori_pqal.json", "data/ori_pqal.json", 2584787,
+                    "8b3276be8942ebbd77f3ddcda12c1749bf0e490045a736fd8438ee40cf37a41d"),
+        DatasetFile("test_ground_truth.json", "data/test_ground_truth.json", 11414,
+                    "939fe566f09017d13b1ca64d2ddfee0bc2374b366048152997669cccedc44d51")),
+        "PubMedQA: MIT", f"https://github.com/{_PUBMEDQA[0]}/blob/{_PUBMEDQA[1]}/LICENSE", converter="pubmedqa_split"),
+    # SciBERT's ChemProt (BioCreative VI), the form `finetune re` reads (model.dataset.format: scibert)
+    Dataset("ChemProt", "blurb", *_SCIBERT, tuple(
+        DatasetFile(n, f"data/text_classification/chemprot/{n}", s, h) for n, s, h in (
+            ("train.txt", 1121208, "ab17b85c4fb869b2338d7c9617414e63f3c7225e5005920b18d9cd996f1049d8"),
+            ("dev.txt", 678657, "bfe8f39e5146ad4bb16b23707dade850546a305047bc666f6f6824c6a7e3df2f"),
+            ("test.txt", 960369, "372249c85ffea6d9a18dc5168cf45841b3d79b03412d6c620381cfc0dd3d6d49"))),
+        "ChemProt corpus (BioCreative VI): the organisers' terms at the URL; SciBERT's preprocessing: Apache-2.0",
+        "https://biocreative.bioinformatics.udel.edu/resources/corpora/chemprot-corpus-biocreative-vi/"),
 )}
+
+
+def _pubmedqa_split(folder: Path) -> list[Path]:
+    from bio_megatron.corpus.pubmedqa_split import write_pqal_splits
+
+    return write_pqal_splits(folder)
+
+
+CONVERTERS = {"pubmedqa_split": _pubmedqa_split}  # name -> writes our files beside the verified ones
 
 
 def list_datasets(group: str | None = None) -> list[dict[str, Any]]:
@@ -165,9 +195,21 @@ def download_dataset(name: str, out_dir: str | Path, group: str | None = None, m
         # name the URL, not the staging path that no longer exists
         why = str(exc).removeprefix(f"{exc.path}: ") if exc.path else str(exc)
         raise DataError(f"{d.name}/{f.name}: {why}", d.url(f, base)) from None
+    derived = []
+    if d.converter is not None:
+        try:
+            derived = CONVERTERS[d.converter](work)
+        except BaseException:
+            if work != final:  # nothing half-converted is left at --out
+                shutil.rmtree(work, ignore_errors=True)
+                if created_out:
+                    shutil.rmtree(out, ignore_errors=True)
+            raise
+        log.info("%s: %s wrote %s", d.name, d.converter, ", ".join(str(p.relative_to(work)) for p in derived))
     if work != final:
         work.replace(final)
     return {"name": d.name, "out": str(final), "licence": d.licence, "licence_url": d.licence_url,
+            "converted": [str(final / p.relative_to(work)) for p in derived],
             "files": len(results), "downloaded": sum(r["status"] == "downloaded" for r in results),
             "present": sum(r["status"] == "present" for r in results),
             "bytes": sum(f.size for f in d.files)}

@@ -23,6 +23,7 @@ from tests.reliability.cli_log import run_cli
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 LOCAL = {"BC5CDR-chem": SHARED / "ner" / "BC5CDR-chem", "GAD": SHARED / "blurb" / "GAD"}
 pytestmark = pytest.mark.skipif(not all(p.is_dir() for p in LOCAL.values()), reason="../shared/data is absent")
+COPIES = {"ChemProt": SHARED / "re" / "chemprot-scibert"}  # where ../shared keeps a set outside <group>/<name>
 
 
 def _mirror(root: Path, corrupt: str | None = None) -> Path:
@@ -123,6 +124,82 @@ def test_every_pinned_size_and_sha256_matches_the_real_copy_in_shared() -> None:
 
     for d in DATASETS.values():
         for f in d.files:
-            local = SHARED / d.group / d.name / f.name
+            local = COPIES.get(d.name, SHARED / d.group / d.name) / f.name
             assert local.stat().st_size == f.size, local
             assert hashlib.sha256(local.read_bytes()).hexdigest() == f.sha256, local
+
+
+def _mirror_of(root: Path, name: str) -> Path:
+    d = DATASETS[name]
+    for f in d.files:
+        dest = root / d.repo / d.commit / f.path
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(COPIES.get(name, SHARED / d.group / name) / f.name, dest)
+    return root
+
+
+def test_pubmedqa_downloads_the_release_and_makes_blurbs_split(tmp_path: Path) -> None:
+    """The official PQA-L release, pinned, split as BLURB reads it (pqal_fold0 train/dev, test_set): the files equal
+    BLURB's copies in ../shared byte for byte, the test set is exactly the release's test_ground_truth.json, and
+    the readers take them (450/50/500)."""
+    from bio_megatron.tasks.blurb_data import read_pubmedqa
+
+    local = SHARED / "blurb" / "PubMedQA"
+    out = tmp_path / "out"
+    rc, stdout, errors = _cli(["data", "download", "blurb", "--name", "PubMedQA", "--out", str(out), "--mirror",
+                               str(_mirror_of(tmp_path / "mirror", "PubMedQA"))])
+    assert rc == 0, errors
+    assert stdout.startswith("PubMedQA: licence PubMedQA: MIT <https://github.com/pubmedqa/pubmedqa/blob/")
+    summary = json.loads(stdout.split("\n", 1)[1])["datasets"][0]
+    got = out / "PubMedQA"
+    derived = ["pqal_fold0/dev_set.json", "pqal_fold0/train_set.json", "test_set.json"]
+    assert sorted(str(Path(p).relative_to(got)) for p in summary["converted"]) == derived
+    for name in derived:
+        assert (got / name).read_bytes() == (local / name).read_bytes(), name
+    truth = json.loads((got / "test_ground_truth.json").read_text())
+    test = read_pubmedqa(got / "test_set.json", got / "test_ground_truth.json")
+    assert {e.id: e.label for e in test} == truth and len(test) == 500
+    train, dev = (read_pubmedqa(got / "pqal_fold0" / f) for f in ("train_set.json", "dev_set.json"))
+    assert (len(train), len(dev)) == (450, 50) and not {e.id for e in train} & {e.id for e in dev}
+    assert not list(out.glob("*.partial"))
+
+
+def test_pqal_split_is_stratified_and_seeded() -> None:
+    """The split procedure on a synthetic release of 1,000 (the release's 552/338/110 labels): 500/450/50, each part's
+    labels in the release's proportions, the same split on every run, another fold another dev set."""
+    from bio_megatron.corpus.pubmedqa_split import pqal_splits
+
+    labels = ["yes"] * 552 + ["no"] * 338 + ["maybe"] * 110
+    release = {str(10_000 + i): {"final_decision": label} for i, label in enumerate(labels)}
+    a, b = pqal_splits(release), pqal_splits(dict(release))
+    assert a == b and [list(x) for x in a.values()] == [list(x) for x in b.values()]
+    test, train, dev = a["test_set.json"], a["pqal_fold0/train_set.json"], a["pqal_fold0/dev_set.json"]
+    assert (len(test), len(train), len(dev)) == (500, 450, 50)
+    assert set(test) | set(train) | set(dev) == set(release) and not set(test) & (set(train) | set(dev))
+    for part, n in ((test, 500), (train | dev, 500), (dev, 50)):
+        share = sum(r["final_decision"] == "yes" for r in part.values()) / n
+        assert abs(share - 0.552) < 0.03, share
+    other = pqal_splits(release, fold=3)
+    assert other["test_set.json"] == test and other["pqal_fold3/dev_set.json"].keys() != dev.keys()
+
+
+def test_a_release_without_labels_is_one_line_naming_it_and_nothing_is_written(tmp_path: Path) -> None:
+    from bio_megatron.corpus.pubmedqa_split import write_pqal_splits
+    from bio_megatron.utils.errors import DataError
+
+    (tmp_path / "ori_pqal.json").write_text(json.dumps({"1": {"final_decision": "yes"}, "2": {"QUESTION": "q"}}))
+    with pytest.raises(DataError, match=r"ori_pqal.json.*final_decision.*\['2'\]"):
+        write_pqal_splits(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ori_pqal.json"]
+
+
+def test_chemprot_downloads_scibert_files_that_finetune_re_reads(tmp_path: Path) -> None:
+    from bio_megatron.tasks.re_data import read_scibert_jsonl
+
+    out = tmp_path / "out"
+    rc, stdout, errors = _cli(["data", "download", "blurb", "--name", "ChemProt", "--out", str(out), "--mirror",
+                               str(_mirror_of(tmp_path / "mirror", "ChemProt"))])
+    assert rc == 0, errors
+    assert stdout.startswith("ChemProt: licence ChemProt corpus (BioCreative VI)")
+    assert sorted(p.name for p in (out / "ChemProt").iterdir()) == ["dev.txt", "test.txt", "train.txt"]
+    assert len(read_scibert_jsonl(out / "ChemProt" / "train.txt")) == 4169  # SciBERT's count (its SOURCES.md)
