@@ -85,7 +85,7 @@ def teacher_block_problems(m, command: str) -> list[str]:
     if m.pipeline_model_parallel_size != 1:
         problems.append(f"model.pipeline_model_parallel_size ({m.pipeline_model_parallel_size}) must be 1 for "
                         f"{command}: megatron-core's schedules pass one tensor between stages, so the teacher's "
-                        "logits cannot reach the student's last stage; use tensor and data parallelism")
+                        "outputs cannot reach the student's last stage; use tensor and data parallelism")
     return problems
 
 
