@@ -23,7 +23,7 @@ TOKENIZER_JSON = "tokenizer.json"
 # each role: the names it goes by (ModernBERT's BERT-style tokens first, then RoBERTa-style ones)
 ROLES = {"cls": ("[CLS]", "<s>"), "sep": ("[SEP]", "</s>"), "pad": ("[PAD]", "<pad>", "<|padding|>"),
          "mask": ("[MASK]", "<mask>"), "unk": ("[UNK]", "<unk>")}
-REQUIRED = ("cls", "sep", "pad", "mask")  # byte-level BPE needs no unknown token
+REQUIRED = tuple(ROLES)  # the unknown token too: the pretraining datasets exclude it from random replacements
 
 
 def _model_type(file: Path) -> str | None:
