@@ -8,6 +8,7 @@ classes with our logits."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -176,33 +177,44 @@ def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: st
     hf = getattr(transformers, info["class"]).from_pretrained(out, attn_implementation="eager").eval()
     with torch.no_grad():
         ours = loaded.model(ids, mask, torch.zeros_like(ids))
-        theirs = hf(input_ids=ids, attention_mask=mask).logits
+        theirs = torch.from_numpy(_logits(hf(input_ids=ids, attention_mask=mask)))
     valid = mask.bool() if ours.dim() == 3 else torch.ones(ours.shape[0], dtype=torch.bool)
     return {"predict_rc": rc, "class": info["class"], "loaded": type(hf).__name__,
             "family": loaded.cfg.model.family, "diff": float((ours - theirs).abs()[valid].max()),
             "scale": float(ours[valid].abs().max())}
 
 
-@pytest.mark.parametrize("task", ["ner", "classify"])
+EXPORTED = {"ner": "ModernBertForTokenClassification", "classify": "ModernBertForSequenceClassification",
+            "qa": "ModernBertForQuestionAnswering"}
+RECIPES = {"ner": "ner/tiny_ner.yaml", "classify": "classify/tiny_classify.yaml", "qa": "qa/tiny_qa.yaml"}
+
+
+@pytest.mark.parametrize("task", list(EXPORTED))
 def test_finetune_from_imported_modernbert_predicts_and_exports(modernbert_mlm, tmp_path, task):
-    """``finetune ner`` / ``finetune classify`` (3 steps) start from the imported ModernBertForMaskedLM with
+    """``finetune ner`` / ``classify`` / ``qa`` (3 steps) start from the imported ModernBertForMaskedLM with
     ModernBERT's own head; ``predict`` reads the fine-tuned checkpoint; ``export hf`` is transformers'
-    ModernBertFor{Token,Sequence}Classification with our logits."""
+    ModernBertFor{Token,Sequence}Classification / ModernBertForQuestionAnswering with our logits."""
     root, _ = modernbert_mlm
     over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
             "model.dataset.test_file=null", "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}",
             f"exp_manager.name={task}", f"model.restore_from_path={root / 'ckpt'}"]
-    recipe = "ner/tiny_ner.yaml" if task == "ner" else "classify/tiny_classify.yaml"
-    (run,) = run_world(1, _finetune, task, recipe, over)
+    if task == "qa":
+        over += ["model.dataset.max_train_examples=16", "model.dataset.max_query_length=16",
+                 "model.dataset.doc_stride=32"]
+    (run,) = run_world(1, _finetune, task, RECIPES[task], over)
     assert len(run["losses"]) == 3 and all(0.0 < v < 10.0 for v in run["losses"]), run["losses"]
+    text = tmp_path / "docs.txt"
     if task == "ner":
-        text = tmp_path / "docs.txt"
         text.write_text("Naloxone reverses the antihypertensive effect of clonidine.\nCocaine\n", encoding="utf-8")
+    elif task == "qa":
+        text = tmp_path / "questions.jsonl"
+        text.write_text(json.dumps({"id": "q1", "question": "What reverses the effect of clonidine?",
+                                    "context": "Naloxone reverses the antihypertensive effect of clonidine."}) + "\n",
+                        encoding="utf-8")
     else:
         text = ROOT / "tests" / "fixtures" / "blurb" / "GAD" / "test.tsv"
     (res,) = run_world(1, _predict_and_export, task, str(tmp_path / task / "checkpoints"), str(text),
                        str(tmp_path / "pred.jsonl"), str(tmp_path / "hf"))
     assert res["predict_rc"] == 0 and (tmp_path / "pred.jsonl").read_text().strip(), res
-    want = "ModernBertForTokenClassification" if task == "ner" else "ModernBertForSequenceClassification"
-    assert res["family"] == "modernbert" and res["class"] == res["loaded"] == want, res
+    assert res["family"] == "modernbert" and res["class"] == res["loaded"] == EXPORTED[task], res
     assert res["scale"] > 0.01 and res["diff"] < 1e-4, res
