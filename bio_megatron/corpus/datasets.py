@@ -6,8 +6,9 @@ our readers take (IOB ``token<TAB>tag`` for NER, BLURB's TSVs for the classifica
 JSON lines for ``finetune re``); a set whose official release needs one names its ``converter`` (PubMedQA: BLURB's
 split made from the release, ``corpus/pubmedqa_split.py``), run on the verified files before the folder is renamed.
 
-Not here (yet): DDI (BLURB's train.tsv is in no pinned copy; it would need our own converter from the DDI-2013
-XML release) and EBM-PICO (BLURB's training split is in no copy we could pin and check).
+DDI is made the same way from the DDI-2013 XML release and BLURB's split index (``corpus/ddi_convert.py``), whose
+files live in two repositories (a file may name its own ``source``). Not here: EBM-PICO (BLURB's training split
+is in no copy we could pin and check).
 
 Downloads reuse :mod:`bio_megatron.corpus.download` (resume from ``.part``, retries, verification). A set is
 fetched into ``<out>/<name>.partial/`` and renamed to ``<out>/<name>/`` only once every file verified, so a
@@ -38,6 +39,7 @@ _MTL_LICENCE = ("CC BY 4.0 (the MTL-Bioinformatics-2016 repository; the corpus k
 _BLURB_SCRIPTS = "MIT (Microsoft BLURB data_generation; covers the scripts, not the corpus)"
 _PUBMEDQA = ("pubmedqa/pubmedqa", "1cbae8e92f72f20c8d3747cbb3bf5bc53554d997")
 _SCIBERT = ("allenai/scibert", "06793f77d7278898159ed50da30d173cdc8fdea9")
+_DDI_XML = ("zhangyijia1979/hierarchical-RNNs-model-for-DDI-extraction", "bedb83d01805a90db9a3ef73ac135e408f1af8f9")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,7 @@ class DatasetFile:
     path: str     # its path in the upstream repository
     size: int
     sha256: str
+    source: tuple[str, str] | None = None  # (repo, commit) where not the dataset's own
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,13 @@ class Dataset:
     licence_url: str
     converter: str | None = None  # the converter to our format, where upstream's is not ours already
 
+    def origin(self, f: DatasetFile) -> tuple[str, str]:
+        """The (repo, commit) that publishes ``f``."""
+        return f.source or (self.repo, self.commit)
+
     def url(self, f: DatasetFile, base: str = RAW_GITHUB) -> str:
-        return f"{base.rstrip('/')}/{self.repo}/{self.commit}/{f.path}"
+        repo, commit = self.origin(f)
+        return f"{base.rstrip('/')}/{repo}/{commit}/{f.path}"
 
 
 def _mtl(name: str, folder: str, sizes_sums: dict[str, tuple[int, str]]) -> Dataset:
@@ -128,6 +136,16 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             ("test.txt", 960369, "372249c85ffea6d9a18dc5168cf45841b3d79b03412d6c620381cfc0dd3d6d49"))),
         "ChemProt corpus (BioCreative VI): the organisers' terms at the URL; SciBERT's preprocessing: Apache-2.0",
         "https://biocreative.bioinformatics.udel.edu/resources/corpora/chemprot-corpus-biocreative-vi/"),
+    # the DDI-2013 XML release (as vendored at a pinned commit) + BLURB's split index; BLURB's TSVs made from them
+    Dataset("DDI", "blurb", *_KEBIOLM, (
+        DatasetFile("original_DDIextraction_2013.tar.gz", "DDIextraction2013/DDIextraction_2013.tar.gz", 1075921,
+                    "ee760ba7575eaa7292b0f8159b4063afae81f6f78d3f7ac5b0d3217e980bee67", _DDI_XML),
+        *(DatasetFile(f"{split}_files.tsv", f"indexing/DDI/{split}_files.tsv", n, h) for split, n, h in (
+            ("train", 26004, "6eb73ff441e66149a2e958a48e09808d269dfbac9b84cd4e57a482cf85ba8817"),
+            ("dev", 3739, "5eb7a1d1e947b7836f5c6137dadf4590da29b47441aada7106eb5cef6115f029"),
+            ("test", 7163, "3aef968656fac32e6dab9416a6d4afe0368f797ce705bb9b501e37fad9d7fe84")))),
+        f"DDI corpus: CC BY-NC 4.0 (non-commercial use only); {_BLURB_SCRIPTS}",
+        "https://creativecommons.org/licenses/by-nc/4.0/", converter="ddi_blurb"),
 )}
 
 
@@ -137,7 +155,13 @@ def _pubmedqa_split(folder: Path) -> list[Path]:
     return write_pqal_splits(folder)
 
 
-CONVERTERS = {"pubmedqa_split": _pubmedqa_split}  # name -> writes our files beside the verified ones
+def _ddi_blurb(folder: Path) -> list[Path]:
+    from bio_megatron.corpus.ddi_convert import write_ddi_splits
+
+    return write_ddi_splits(folder)
+
+
+CONVERTERS = {"pubmedqa_split": _pubmedqa_split, "ddi_blurb": _ddi_blurb}  # name -> writes our files beside ours
 
 
 def list_datasets(group: str | None = None) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ def _mirror(root: Path, corrupt: str | None = None) -> Path:
     for name, local in LOCAL.items():
         d = DATASETS[name]
         for f in d.files:
-            dest = root / d.repo / d.commit / f.path
+            dest = root.joinpath(*d.origin(f), f.path)
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local / f.name, dest)
             if corrupt == f"{name}/{f.name}":
@@ -132,7 +132,7 @@ def test_every_pinned_size_and_sha256_matches_the_real_copy_in_shared() -> None:
 def _mirror_of(root: Path, name: str) -> Path:
     d = DATASETS[name]
     for f in d.files:
-        dest = root / d.repo / d.commit / f.path
+        dest = root.joinpath(*d.origin(f), f.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(COPIES.get(name, SHARED / d.group / name) / f.name, dest)
     return root
@@ -203,3 +203,37 @@ def test_chemprot_downloads_scibert_files_that_finetune_re_reads(tmp_path: Path)
     assert stdout.startswith("ChemProt: licence ChemProt corpus (BioCreative VI)")
     assert sorted(p.name for p in (out / "ChemProt").iterdir()) == ["dev.txt", "test.txt", "train.txt"]
     assert len(read_scibert_jsonl(out / "ChemProt" / "train.txt")) == 4169  # SciBERT's count (its SOURCES.md)
+
+
+def test_ddi_downloads_the_xml_release_and_makes_blurbs_tsvs(tmp_path: Path) -> None:
+    """DDI-2013's XML release and BLURB's split index, from two repositories, pinned; the pair lines made from them
+    equal BLURB's dev.tsv and test.tsv (and ../shared's train.tsv) byte for byte and read as BLURB's counts; the
+    non-commercial licence is printed first."""
+    from bio_megatron.tasks.blurb_data import read_ddi
+
+    d = DATASETS["DDI"]
+    assert len({d.origin(f) for f in d.files}) == 2
+    out = tmp_path / "out"
+    rc, stdout, errors = _cli(["data", "download", "blurb", "--name", "DDI", "--out", str(out), "--mirror",
+                               str(_mirror_of(tmp_path / "mirror", "DDI"))])
+    assert rc == 0, errors
+    assert stdout.startswith("DDI: licence DDI corpus: CC BY-NC 4.0 (non-commercial use only)")
+    local = SHARED / "blurb" / "DDI"
+    for split, n in (("train", 25296), ("dev", 2496), ("test", 5716)):
+        assert (out / "DDI" / f"{split}.tsv").read_bytes() == (local / f"{split}.tsv").read_bytes(), split
+        assert len(read_ddi(out / "DDI" / f"{split}.tsv")) == n
+
+
+def test_a_split_index_naming_a_file_the_archive_lacks_is_one_line(tmp_path: Path) -> None:
+    from bio_megatron.corpus.ddi_convert import ARCHIVE, write_ddi_splits
+    from bio_megatron.utils.errors import DataError
+
+    local = SHARED / "blurb" / "DDI"
+    for name in (ARCHIVE, "train_files.tsv", "dev_files.tsv", "test_files.tsv"):
+        shutil.copyfile(local / name, tmp_path / name)
+    index = tmp_path / "dev_files.tsv"
+    names = index.read_text().splitlines() + ["train_dataset/MedLine/0.xml"]
+    index.write_text("\n".join(names) + "\n")
+    with pytest.raises(DataError, match=rf"dev_files.tsv:{len(names)}: 'train_dataset/MedLine/0.xml' is not a file of"):
+        write_ddi_splits(tmp_path)
+    assert not [p.name for p in tmp_path.glob("*.tsv") if not p.name.endswith("_files.tsv")]  # nothing written
