@@ -54,7 +54,8 @@ def pqal_splits(release: dict[str, dict], fold: int = 0) -> dict[str, dict[str, 
     cv, test = _parts(release, 2, rng)
     folds = _parts(cv, FOLDS, rng)
     train = {pmid: rec for i, part in enumerate(folds) if i != fold for pmid, rec in part.items()}
-    return {"test_set.json": test, f"pqal_fold{fold}/train_set.json": train, f"pqal_fold{fold}/dev_set.json": folds[fold]}
+    return {"test_set.json": test, f"pqal_fold{fold}/train_set.json": train,
+            f"pqal_fold{fold}/dev_set.json": folds[fold]}
 
 
 def write_pqal_splits(folder: str | Path) -> list[Path]:
