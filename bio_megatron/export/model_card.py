@@ -20,6 +20,8 @@ import yaml
 
 from bio_megatron.families import FAMILIES
 from bio_megatron.families.megatron_bert import MEGATRON_BERT
+from bio_megatron.formats.saved import saved_config
+from bio_megatron.utils.errors import CheckpointError
 
 PIPELINE_TAG = {"ner": "token-classification", "qa": "question-answering", "re": "text-classification",
                 "classify": "text-classification", None: "fill-mask"}
@@ -32,10 +34,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _run_config(checkpoint: Path) -> dict:
-    cfg = checkpoint / "config.yaml"
     try:
-        return (yaml.safe_load(cfg.read_text(encoding="utf-8")) or {}) if cfg.is_file() else {}
-    except (OSError, yaml.YAMLError):  # the card is documentation: a config the export could read is enough
+        return saved_config(checkpoint)
+    except CheckpointError:  # the card is documentation: a config the export could read is enough
         return {}
 
 

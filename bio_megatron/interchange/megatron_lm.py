@@ -28,15 +28,18 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.formats.state import VOCAB_ROWS
 from bio_megatron.interchange.megatron_lm_state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
                                                        mcore_to_legacy_shards, merge_pp, merge_tp, shape_of_state)
 from bio_megatron.interchange.safe_load import safe_torch_load
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
+from bio_megatron.loading.source import Source
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_path, check_output_dir
 from bio_megatron.utils.log import get_logger
@@ -45,7 +48,7 @@ log = get_logger(__name__)
 TRACKER = "latest_checkpointed_iteration.txt"
 EXPORT_COMMAND, IMPORT_COMMAND = "export megatron-lm", "import megatron-lm"  # names in each output's marker
 _SHARD_RE = re.compile(r"(?:^|/)mp_rank_(\d{2})(?:_(\d{3}))?/model(?:_optim)?_rng\.pt$")
-__all__ = ["export_megatron_lm", "fix_qkv", "import_megatron_lm", "read_megatron_lm"]
+__all__ = ["export_megatron_lm", "fix_qkv", "import_megatron_lm", "megatron_bert_only", "read_megatron_lm"]
 
 
 # --- finding and reading the shards -------------------------------------------------------------------
@@ -253,31 +256,26 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
 
 
 # --- export -------------------------------------------------------------------------------------------
-def load_ours(checkpoint: str | Path):
-    """Our pretraining checkpoint (any saved layout) as a TP1 model: (model, ModelConfig, tokenizer, Source)."""
-    from bio_megatron.families import family_of_model
-    from bio_megatron.families.megatron_bert import MEGATRON_BERT
-    from bio_megatron.formats.ours import load_pretraining_model, pretraining_config, tokenizer_of
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.source import resolve_source
+def megatron_bert_only(holder: str) -> Callable[[Source], None]:
+    """:func:`~bio_megatron.formats.ours.read_ours`'s ``accept`` for a format whose BERT is Megatron's pre-LN one
+    (``holder`` names it): any other family is refused before a weight is read."""
 
-    single_process()
-    src = resolve_source(checkpoint)
-    if src.kind != "checkpoint":
-        raise CheckpointError(f"{checkpoint}: a Hugging Face folder; import it first (bio-megatron import hf)")
+    def accept(src: Source) -> None:
+        family, block = src.shape.get("family"), src.shape.get("transformer_block_type", "pre_ln")
+        if family != "megatron_bert" or block != "pre_ln":
+            raise CheckpointError(f"{src.path}: a {family} model ({block}); {holder} holds the megatron_bert "
+                                  "family only (pre-LN)")
+    return accept
+
+
+def _pretraining_megatron_bert(src: Source) -> None:
     if src.task is not None:
         raise CheckpointError(f"{src.path}: a fine-tuned ({src.task}) checkpoint; Megatron-LM's BERT holds the "
                               "pretraining heads only: export the pretraining checkpoint, or use export hf")
-    m, raw = pretraining_config(src)
-    family = family_of_model(m)
-    if family is not MEGATRON_BERT or m.transformer_block_type != "pre_ln":
-        raise CheckpointError(f"{src.path}: a {family.name} model ({m.transformer_block_type}); Megatron-LM's BERT "
-                              "holds the megatron_bert family only (pre-LN)")
-    tok = tokenizer_of(src, raw)
-    return load_pretraining_model(src, m, tok.vocab_size), m, tok, src
+    megatron_bert_only("Megatron-LM's BERT")(src)
 
 
-def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Namespace:
+def _megatron_args(m, lowercase: bool | None, tp: int, padded: int, iteration: int) -> argparse.Namespace:
     """The fields Megatron-LM's ``load_args_from_checkpoint`` and transformers' converter read."""
     shape = m.shape()
     return argparse.Namespace(
@@ -291,7 +289,7 @@ def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Nam
         untie_embeddings_and_output_weights=False, apply_layernorm_1p=False, normalization="LayerNorm",
         layernorm_epsilon=m.layernorm_epsilon, apply_residual_connection_post_layernorm=False,
         apply_query_key_layer_scaling=False, bert_binary_head=m.bert_binary_head,
-        tokenizer_type="BertWordPieceLowerCase" if tok.lowercase else "BertWordPieceCase",
+        tokenizer_type="BertWordPieceLowerCase" if lowercase else "BertWordPieceCase",
         make_vocab_size_divisible_by=m.make_vocab_size_divisible_by, padded_vocab_size=padded,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=1, virtual_pipeline_model_parallel_size=None,
         num_layers_per_virtual_pipeline_stage=None, model_parallel_size=tp, world_size=tp, data_parallel_size=1,
@@ -303,24 +301,22 @@ def _megatron_args(m, tok, tp: int, padded: int, iteration: int) -> argparse.Nam
 def export_megatron_lm(checkpoint: str | Path, out: str | Path, tp: int = 1, overwrite: bool = False) -> dict:
     """Write ``out/release/mp_rank_TT/model_optim_rng.pt`` (TP ``tp``) from our pretraining checkpoint.
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``export megatron-lm`` output."""
-    from bio_megatron.models.hf_convert import normalise
+    from bio_megatron.formats.ours import read_ours
 
     check_output_dir(out, EXPORT_COMMAND, overwrite)
-    model, m, tok, src = load_ours(checkpoint)
+    state = read_ours(checkpoint, accept=_pretraining_megatron_bert)
+    m, vocab_size = state.model, state.vocab_size
     shape = m.shape()
     if tp < 1 or shape.num_attention_heads % tp or shape.ffn_hidden_size % tp:
         raise CheckpointError(f"--tp {tp}: must divide num_attention_heads ({shape.num_attention_heads}) and "
                               f"ffn_hidden_size ({shape.ffn_hidden_size})")
-    full = normalise(model.state_dict())
-    padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, tp)
-    for key in ("embedding.word_embeddings.weight", "output_layer.bias"):
+    full = dict(state.tensors)
+    padded = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
+    for key in VOCAB_ROWS:  # Megatron-LM expects its own padding for this TP size; the extra rows are unused
         t = full[key]
-        if t.shape[0] != padded:  # Megatron-LM expects its own padding for this TP size; the extra rows are unused
-            grown = t.new_zeros((padded,) + tuple(t.shape[1:]))
-            grown[: tok.vocab_size] = t[: tok.vocab_size]
-            full[key] = grown
-    iteration = int(json.loads((src.path / "bio_megatron.json").read_text()).get("iteration") or 0)
-    args = _megatron_args(m, tok, tp, padded, iteration)
+        full[key] = torch.cat([t, t.new_zeros((padded - vocab_size,) + tuple(t.shape[1:]))])
+    iteration = int(json.loads((Path(state.source) / "bio_megatron.json").read_text()).get("iteration") or 0)
+    args = _megatron_args(m, state.lowercase, tp, padded, iteration)
     with atomic_path(out, command=EXPORT_COMMAND, overwrite=overwrite) as tmp:
         for rank, model_sd in enumerate(mcore_to_legacy_shards(full, tp)):
             shard = tmp / "release" / f"mp_rank_{rank:02d}"
@@ -328,7 +324,7 @@ def export_megatron_lm(checkpoint: str | Path, out: str | Path, tp: int = 1, ove
             torch.save({"model": model_sd, "args": args, "checkpoint_version": 3.0, "iteration": iteration},
                        shard / "model_optim_rng.pt")
         (tmp / TRACKER).write_text("release\n")
-        shutil.copyfile(tok.vocab_file, tmp / "vocab.txt")
-    log.info("exported %s -> %s (Megatron-LM legacy, TP %d, checkpoint_version 3.0)", src.path, out, tp)
+        shutil.copyfile(state.vocab_file, tmp / "vocab.txt")
+    log.info("exported %s -> %s (Megatron-LM legacy, TP %d, checkpoint_version 3.0)", state.source, out, tp)
     return {"out": str(out), "tp": tp, "checkpoint_version": 3.0, "binary_head": m.bert_binary_head,
-            "padded_vocab_size": padded, "vocab_size": tok.vocab_size, "iteration": iteration}
+            "padded_vocab_size": padded, "vocab_size": vocab_size, "iteration": iteration}

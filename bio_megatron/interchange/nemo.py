@@ -264,36 +264,36 @@ def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 
     if mcore and (tp, pp) != (1, 1):
         raise CheckpointError("--mcore writes one dist checkpoint (NeMo reshards it on load): leave --tp/--pp at 1")
     ours = load_for_export(checkpoint)
-    shape, vocab = ours["shape"], ours["vocab_size"]
+    shape, vocab = ours.shape, ours.vocab_size
     if tp < 1 or pp < 1 or shape.num_attention_heads % tp or shape.ffn_hidden_size % tp or shape.num_layers % pp:
         raise CheckpointError(f"--tp {tp} / --pp {pp}: TP must divide num_attention_heads "
                               f"({shape.num_attention_heads}) and ffn_hidden_size ({shape.ffn_hidden_size}); PP "
                               f"must divide num_layers ({shape.num_layers})")
-    full, side = dict(ours["state"]), None
-    padded = padded_vocab_size(vocab, ours["divisible"], tp)
+    full, side = dict(ours.tensors), None
+    padded = padded_vocab_size(vocab, ours.model.make_vocab_size_divisible_by, tp)
     for key in ("embedding.word_embeddings.weight", "output_layer.bias"):
         if key in full:  # NeMo expects its own padding for this TP size; the extra rows are unused
             grown = full[key].new_zeros((padded,) + tuple(full[key].shape[1:]))
             grown[:vocab] = full[key][:vocab]
             full[key] = grown
-    if ours["task"] is None and not ours["binary_head"]:
+    if ours.task is None and not ours.binary_head:
         side = _fold(full)
     caveats = head_caveats(ours)
     for caveat in caveats:
         log.warning("NeMo cannot rebuild this head exactly: %s", caveat)
     with atomic_path(out) as tmp_file, arc_dir(out) as tmp:
         vocab_name = arc.unique_name("vocab.txt")
-        (tmp / vocab_name).write_text(ours["vocab_text"], encoding="utf-8")
-        labels_name = arc.unique_name("label_ids.csv") if ours["labels"] else None
+        (tmp / vocab_name).write_text(ours.vocab_text, encoding="utf-8")
+        labels_name = arc.unique_name("label_ids.csv") if ours.labels else None
         if labels_name:
-            (tmp / labels_name).write_text("\n".join(ours["labels"]) + "\n", encoding="utf-8")
+            (tmp / labels_name).write_text("\n".join(ours.labels) + "\n", encoding="utf-8")
         cfg = nemo_config(ours, tp, pp, mcore, "nemo:" + vocab_name, labels_name and "nemo:" + labels_name)
         (tmp / arc.CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
         if mcore:
             arc.save_dist(ours_to_dist(full), tmp / "model_weights")
         else:
-            prefix = PRETRAIN_PREFIX if ours["task"] is None else TASK_PREFIX
-            for (t, p), shard in ours_to_shards(full, ours["head"], tp, pp, prefix).items():
+            prefix = PRETRAIN_PREFIX if ours.task is None else TASK_PREFIX
+            for (t, p), shard in ours_to_shards(full, ours.head, tp, pp, prefix).items():
                 sub = "" if (tp, pp) == (1, 1) else (f"mp_rank_{t:02d}/" if pp == 1 else
                                                      f"tp_rank_{t:02d}_pp_rank_{p:03d}/")
                 (tmp / sub).mkdir(parents=True, exist_ok=True)
@@ -301,10 +301,10 @@ def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 
         if side is not None:
             torch.save(side, tmp / SIDE_FILE)
         arc.write_tar(tmp, tmp_file)
-    log.info("exported %s -> %s (NeMo %s, TP %d x PP %d%s)", ours["path"], out, cfg["target"].rsplit(".", 1)[-1],
+    log.info("exported %s -> %s (NeMo %s, TP %d x PP %d%s)", ours.source, out, cfg["target"].rsplit(".", 1)[-1],
              tp, pp, ", mcore dist checkpoint" if mcore else "")
-    return {"out": str(out), "task": ours["task"], "target": cfg["target"], "tp": tp, "pp": pp, "mcore": mcore,
-            "binary_head": ours["binary_head"], "labels": ours["labels"], "tokentypes_folded": side is not None,
+    return {"out": str(out), "task": ours.task, "target": cfg["target"], "tp": tp, "pp": pp, "mcore": mcore,
+            "binary_head": ours.binary_head, "labels": ours.labels, "tokentypes_folded": side is not None,
             "nemo_caveats": caveats}
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.formats.state import ModelState
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
@@ -118,45 +119,18 @@ def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool, ve
         return save_verified(out, command, overwrite, save, verify)
 
 
-def load_for_export(checkpoint: str | Path) -> dict:
-    """Our checkpoint (any saved layout) at TP1: full state (our local names), head, shape and settings."""
-    from bio_megatron.families import family_of_model
-    from bio_megatron.families.megatron_bert import MEGATRON_BERT
-    from bio_megatron.interchange.megatron_lm import load_ours
-    from bio_megatron.models.hf_convert import normalise
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
-    from bio_megatron.loading.source import resolve_source
+def load_for_export(checkpoint: str | Path) -> ModelState:
+    """Our checkpoint (pretraining or fine-tuned, any saved layout) at TP1, refused unless NeMo's Megatron BERT
+    holds it (pre-LN megatron_bert: NeMo's post_ln block is another model)."""
+    from bio_megatron.formats.ours import read_ours
+    from bio_megatron.interchange.megatron_lm import megatron_bert_only
 
-    single_process()
-    src = resolve_source(checkpoint)
-    if src.kind != "checkpoint":
-        raise CheckpointError(f"{checkpoint}: a Hugging Face folder; import it first (bio-megatron import hf)")
-    if src.task is None:
-        model, m, tok, src = load_ours(checkpoint)  # refuses post-LN: NeMo's post_ln block is another model
-        state, head, settings = normalise(model.state_dict()), {}, {}
-    else:
-        loaded = load_finetuned(src.path)
-        m, tok = loaded.cfg.model, loaded.tokenizer
-        family = family_of_model(m)
-        if family is not MEGATRON_BERT or m.transformer_block_type != "pre_ln":
-            raise CheckpointError(f"{src.path}: a {family.name} model ({m.transformer_block_type}); NeMo's Megatron "
-                                  "BERT holds the megatron_bert family only (pre-LN)")
-        state = normalise(loaded.model.state_dict())
-        head = {k: v for k, v in state.items() if k.startswith("head.")}
-        state = {k: v for k, v in state.items() if not k.startswith("head.")}
-        h = m.classifier_head if src.task == "re" else m.head
-        settings = {k: getattr(h, k) for k in ("num_fc_layers", "num_output_layers", "fc_dropout", "activation",
-                                                 "use_transformer_init") if hasattr(h, k)}
-    return {"state": state, "head": head, "settings": settings, "task": src.task, "labels": src.labels,
-            "shape": m.shape(), "m": m, "vocab_size": tok.vocab_size, "lower": tok.lowercase,
-            "vocab_text": Path(tok.vocab_file).read_text(encoding="utf-8"), "divisible": m.make_vocab_size_divisible_by,
-            "binary_head": bool(getattr(m, "bert_binary_head", False)) and "binary_head.weight" in state,
-            "path": str(src.path)}
+    return read_ours(checkpoint, accept=megatron_bert_only("NeMo's Megatron BERT"))
 
 
-def _bert_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, binary: bool) -> dict:
+def _bert_config(ours: ModelState, tp: int, pp: int, mcore: bool, vocab_ref: str, binary: bool) -> dict:
     """A ``MegatronBertModel`` config (NeMo 2.4's ``megatron_bert_config.yaml`` names)."""
-    s, m = ours["shape"], ours["m"]
+    s, m = ours.shape, ours.model
     return {
         "mcore_bert": mcore, "micro_batch_size": 4, "global_batch_size": 8 * tp * pp,
         "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
@@ -166,13 +140,13 @@ def _bert_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, bina
         "ffn_hidden_size": s.ffn_hidden_size, "num_attention_heads": s.num_attention_heads,
         "init_method_std": m.init_method_std, "hidden_dropout": 0.1, "attention_dropout": 0.1, "kv_channels": None,
         "apply_query_key_layer_scaling": False, "layernorm_epsilon": m.layernorm_epsilon,
-        "make_vocab_size_divisible_by": ours["divisible"], "pre_process": True, "post_process": True,
+        "make_vocab_size_divisible_by": m.make_vocab_size_divisible_by, "pre_process": True, "post_process": True,
         "bert_binary_head": binary, "add_pooler": binary, "megatron_legacy": False,
         "transformer_block_type": "pre_ln", "normalization": "layernorm", "activation": "gelu",
         "openai_gelu": False, "onnx_safe": False, "bias_gelu_fusion": True, "bias_dropout_add_fusion": True,
         "masked_softmax_fusion": True, "share_embeddings_and_output_weights": True,
         "tokenizer": {"library": "megatron",
-                      "type": "BertWordPieceLowerCase" if ours["lower"] else "BertWordPieceCase",
+                      "type": "BertWordPieceLowerCase" if ours.lowercase else "BertWordPieceCase",
                       "model": None, "vocab_file": vocab_ref, "merge_file": None},
         "native_amp_init_scale": 4294967296, "native_amp_growth_interval": 1000, "fp32_residual_connection": False,
         "fp16_lm_cross_entropy": False, "megatron_amp_O2": False, "grad_allreduce_chunk_size_mb": 125,
@@ -199,27 +173,27 @@ _NEMO_ONLY = {"ner": {"num_workers": 2, "pin_memory": False, "use_cache": False}
               "qa": {"use_cache": False, "keep_doc_spans": "all", "check_if_answer_in_context": True}}
 
 
-def _dataset_config(ours: dict) -> dict:
-    d, task = ours["m"].dataset, ours["task"]
-    out = {"do_lower_case": ours["lower"], **{k: getattr(d, k) for k in DATASET_KEYS[task]}, **_NEMO_ONLY[task]}
+def _dataset_config(ours: ModelState) -> dict:
+    d, task = ours.model.dataset, ours.task
+    out = {"do_lower_case": ours.lowercase, **{k: getattr(d, k) for k in DATASET_KEYS[task]}, **_NEMO_ONLY[task]}
     if task == "re":
-        out["num_classes"] = len(ours["labels"] or [])
+        out["num_classes"] = len(ours.labels or [])
     return out
 
 
-def head_caveats(ours: dict) -> list[str]:
+def head_caveats(ours: ModelState) -> list[str]:
     """Why NeMo 2.4 would not rebuild this head as it is (empty: it does). NeMo's ``MultiLayerPerceptron``
     (``nemo/collections/common/parts/multi_layer_perceptron.py``) makes every hidden layer
     ``Linear(hidden_size, hidden_size)`` and takes its activation as ``getattr(torch, activation)``;
     ``TextClassificationModel`` passes ``activation='relu'`` whatever the config says."""
-    task, s = ours["task"], ours["settings"]
+    task, s = ours.task, ours.head_settings
     if task is None:
         return []
     layers = s["num_output_layers"] if task == "re" else s["num_fc_layers"]
     if layers < 2:
         return []  # one Linear: neither the width nor the activation exists
     out = []
-    hidden, width = ours["shape"].hidden_size, getattr(ours["m"], "fc_hidden_size", None)
+    hidden, width = ours.shape.hidden_size, getattr(ours.model, "fc_hidden_size", None)
     if width not in (None, hidden):
         out.append(f"fc_hidden_size {width} differs from the encoder's hidden_size {hidden}: NeMo's "
                    "MultiLayerPerceptron sizes every hidden layer by the encoder, so restore_from fails on the "
@@ -233,20 +207,20 @@ def head_caveats(ours: dict) -> list[str]:
     return out
 
 
-def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, labels_ref: str | None) -> dict:
+def nemo_config(ours: ModelState, tp: int, pp: int, mcore: bool, vocab_ref: str, labels_ref: str | None) -> dict:
     """``model_config.yaml`` for a pretraining model (MegatronBertModel) or a task model around one."""
-    task = ours["task"]
+    task = ours.task
     if task is None:
-        cfg = _bert_config(ours, tp, pp, mcore, vocab_ref, ours["binary_head"])
+        cfg = _bert_config(ours, tp, pp, mcore, vocab_ref, ours.binary_head)
         return {**cfg, "target": TARGETS[None], "nemo_version": "2.4.0"}
     # The encoder keeps its token-type table, which NeMo builds only together with the binary head.
     encoder = _bert_config(ours, tp, pp, mcore, vocab_ref, True)
-    s = ours["settings"]
+    s = ours.head_settings
     cfg = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-           "tokenizer": {"tokenizer_name": "megatron-bert-uncased" if ours["lower"] else "megatron-bert-cased",
+           "tokenizer": {"tokenizer_name": "megatron-bert-uncased" if ours.lowercase else "megatron-bert-cased",
                          "vocab_file": vocab_ref, "tokenizer_model": None, "special_tokens": None},
            "language_model": {"pretrained_model_name": "megatron-bert-345m-uncased", "lm_checkpoint": None,
-                              "config_file": None, "config": encoder, "do_lower_case": ours["lower"]}}
+                              "config_file": None, "config": encoder, "do_lower_case": ours.lowercase}}
     if task == "re":
         cfg["classifier_head"] = {"num_output_layers": s["num_output_layers"], "fc_dropout": s["fc_dropout"],
                                   "activation": s["activation"], "use_transformer_init": s["use_transformer_init"]}
@@ -257,8 +231,8 @@ def nemo_config(ours: dict, tp: int, pp: int, mcore: bool, vocab_ref: str, label
     else:
         cfg["head"] = {k: s[k] for k in ("num_fc_layers", "fc_dropout", "activation", "use_transformer_init")}
     cfg["dataset"] = _dataset_config(ours)
-    if ours["labels"]:
-        cfg["label_ids"] = {label: i for i, label in enumerate(ours["labels"])}
+    if ours.labels:
+        cfg["label_ids"] = {label: i for i, label in enumerate(ours.labels)}
         cfg["class_labels"] = {"class_labels_file": labels_ref}
     return {**cfg, "target": TARGETS[task], "nemo_version": "2.4.0"}
 

@@ -72,7 +72,7 @@ def hf_reference(state: dict[str, torch.Tensor], shape: ModelShape, vocab_size: 
 
 def load_pretraining(checkpoint: str | Path):
     """Our pretraining checkpoint (any saved layout, either block type, WordPiece or byte-level BPE vocabulary)
-    as a TP1 model in eval mode: (model, ModelConfig, tokenizer). Unlike ``megatron_lm.load_ours`` it admits
+    as a TP1 model in eval mode: (model, ModelConfig, tokenizer). Unlike ``export megatron-lm`` / ``nemo`` it admits
     every family ``import hf`` writes: verification of a post-LN BERT or a RoBERTa import reads it back here."""
     from bio_megatron.formats.ours import read_pretraining
     from bio_megatron.loading.finetuned import single_process

@@ -210,9 +210,9 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
 
 def _warn_changed_distillation(resume: Path, cfg: DistillConfig) -> None:
     """A resumed run may change its teacher or loss (a deliberate second phase), but never silently: say which."""
-    import yaml
+    from bio_megatron.formats.saved import saved_model_config
 
-    saved = (yaml.safe_load((resume / "config.yaml").read_text(encoding="utf-8")) or {}).get("model", {})
+    saved = saved_model_config(resume)  # the one reader of a checkpoint's config.yaml
     now = to_dict(cfg.model)
     for block in ("teacher", "distill"):
         for key, value in now[block].items():

@@ -118,13 +118,13 @@ def saved(tmp_path_factory) -> dict:
 
 def _logits(ckpt: Path) -> tuple[dict, dict]:
     from bio_megatron.interchange.verify import checkpoint_forward, fixed_batch
-    from bio_megatron.interchange.megatron_lm import load_ours
+    from bio_megatron.interchange.verify import load_pretraining
 
     forward, vocab, positions = checkpoint_forward(ckpt)
     ids, mask, types = fixed_batch(vocab, positions)
     with torch.no_grad():
         out = forward(ids, mask, types)
-    model = load_ours(ckpt)[0]
+    model = load_pretraining(ckpt)[0]
     state = {k: (t[:vocab] if k in ("embedding.word_embeddings.weight", "output_layer.bias") else t)
              for k, t in model.state_dict().items() if torch.is_tensor(t)}
     return {"mlm": out["mlm"][mask.bool()][..., :vocab], "nsp": out["nsp"]}, state

@@ -40,9 +40,9 @@ def _batch(vocab: int):
 
 def _outputs(ckpt) -> tuple[torch.Tensor, torch.Tensor | None, dict, int]:
     """(MLM logits over the real vocabulary at valid positions, NSP logits, full TP1 state, vocab size)."""
-    from bio_megatron.interchange.megatron_lm import load_ours
+    from bio_megatron.interchange.verify import load_pretraining
 
-    model, m, tok, _ = load_ours(ckpt)
+    model, m, tok = load_pretraining(ckpt)
     ids, mask, types = _batch(tok.vocab_size)
     with torch.no_grad():
         out = model(ids, mask, tokentype_ids=types)
