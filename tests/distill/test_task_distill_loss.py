@@ -72,7 +72,7 @@ def test_combined_loss_weights_the_terms_and_only_the_student_gets_gradients() -
     kl = sum(_kl(t[b].detach(), s[b].detach(), 2.0) for b in range(4)) / 4 * 4.0
     assert float(report["kl_loss"]) == pytest.approx(kl, rel=1e-5)
     assert float(report["task_loss"]) == pytest.approx(float(task.detach()))
-    assert float(loss) == pytest.approx(0.3 * float(task) + 0.7 * kl, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(0.3 * float(task.detach()) + 0.7 * kl, rel=1e-5)
     loss.backward()
     assert t.grad is None and s.grad is not None and torch.isfinite(s.grad).all()
     # the gradient is the independent one's: d/ds of 0.3 CE + 0.7 T^2 KL(p_t || softmax(s / T))
