@@ -23,7 +23,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("version", ("bio_megatron",)),
     ("utils", ("utils",)),
     ("foundations", ("config", "parallel", "evaluation", "vocab",    # vocab: the tokenizers
-                     "formats.saved")),                              # our checkpoints' config.yaml, read
+                     "formats.saved",                                # our checkpoints' config.yaml, read
+                     "formats.detect")),                             # which format a path holds (paths only)
     ("corpus", ("corpus",)),                                         # reads corpora, encodes with a vocab
     ("engine parts", ("models", "data", "vocab.train", "vocab.stats")),  # vocab building reads corpora
     ("families", ("families",)),                                     # encoder families: HF names, models built

@@ -38,16 +38,14 @@ OWN = (MANIFEST, PLAN, "cells", "model", "model.log", "results.json", "results.m
 
 def model_kind(model: str) -> str:
     """``checkpoint`` (ours), ``hf``, ``nemo`` or ``megatron-lm``; a path that is none of them is refused."""
-    from bio_megatron.loading.foreign import foreign_kind
+    from bio_megatron.formats.detect import detect
 
     path = Path(model)
     if not path.exists():
         raise ConfigError(f"--model {model}: not found; expected a BioMegatron checkpoint (or run / checkpoints "
                           "folder), a Hugging Face folder, a .nemo file or a Megatron-LM checkpoint")
-    kind = foreign_kind(path)
-    if kind:
-        return kind
-    return "hf" if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file() else "checkpoint"
+    kind = detect(path)
+    return "checkpoint" if kind == "ours" else kind
 
 
 def restore_path(out: Path, model: str, kind: str) -> str:
