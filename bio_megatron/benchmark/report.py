@@ -53,7 +53,8 @@ def model_facts(model: Path) -> dict | None:
     no NSP head: fine-tuning does not use it), and its vocabulary's name and size. None (logged) when the model
     cannot be read here."""
     from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.config.sizes import padded_vocab_size, parameter_count
+    from bio_megatron.config.sizes import padded_vocab_size
+    from bio_megatron.families import family_of_model
     from bio_megatron.loading.source import resolve_source
     from bio_megatron.vocab.bpe import is_bpe, load_tokenizer
     from bio_megatron.vocab.builtin import BUILTIN, VOCAB_DIR
@@ -64,7 +65,7 @@ def model_facts(model: Path) -> dict | None:
         tok = load_tokenizer(src.vocab_file)
         m = ModelConfig(**src.shape)
         padded = src.padded_vocab or padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by)
-        n = parameter_count(m.shape(), padded, m.max_position_embeddings, m.num_tokentypes)
+        n = family_of_model(m).parameter_count(m, padded)  # the family's own exact count (no NSP/SOP head)
         if is_bpe(src.vocab_file):
             name = "byte-level BPE"
         else:

@@ -76,8 +76,9 @@ def _tracker_problems(cfg) -> list[str]:
 
 def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     """What ``pretrain --dry-run`` prints (raises one ConfigError listing every problem found)."""
-    from bio_megatron.config.pretrain import electra_parameter_count, electra_shapes
+    from bio_megatron.config.pretrain import electra_shapes
     from bio_megatron.data.pretrain import check_prefixes, load_tokenizer
+    from bio_megatron.families import family_of_model
     from bio_megatron.vocab.builtin import resolve_vocab
 
     m, t = cfg.model, cfg.trainer
@@ -110,14 +111,8 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     raise_problems(problems + _tracker_problems(cfg))
     vocab = tokenizer.vocab_size
     padded = padded_vocab_size(vocab, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
-    n = parameter_count(m.shape(), padded, m.max_position_embeddings, m.num_tokentypes, m.bert_binary_head)
-    extra: dict = {}
-    if m.objective == "electra":  # generator + discriminator, the shared embedding counted once
-        n, extra = electra_parameter_count(m, padded), {"generator": electra_shapes(m).__dict__}
-    if m.family == "albert":  # one shared layer, a factorised embedding
-        from bio_megatron.models.albert import albert_parameter_count
-
-        n = albert_parameter_count(m, padded)
+    n = family_of_model(m).parameter_count(m, padded)  # each family counts its own model exactly
+    extra = {"generator": electra_shapes(m).__dict__} if m.objective == "electra" else {}
     source = f"model.restore_from_path {m.restore_from_path} (checked to match)" if m.restore_from_path else \
         f"model.size {m.size}" + (" with overrides" if m.shape().status == "custom" else "")
     sequences = t.max_steps * m.global_batch_size

@@ -51,13 +51,15 @@ from pathlib import Path
 import torch
 
 from bio_megatron.export.folder_modes import apply_umask_modes
-from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND, save_tokenizer
+from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND
 from bio_megatron.export.hf_heads import (head_settings, plain_class, remote_config_fields, remote_head,
                                           write_remote_code)
 from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
-from bio_megatron.families import family_named, family_of_model
+from bio_megatron.families import Family, family_named, family_of_model
 from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
+from bio_megatron.formats.ours import pretraining_config, read_ours
+from bio_megatron.formats.state import ModelState
 from bio_megatron.interchange.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
@@ -84,10 +86,10 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
     if overwrite:
         refuse_edited_card(out)
-    single_process()
-    src = resolve_source(checkpoint)
+    src = resolve_source(checkpoint)  # refusals before any process group exists
     if src.kind != "checkpoint":
         raise CheckpointError(f"{checkpoint}: already a Hugging Face folder")
+    single_process()
     family = family_named(src.shape["family"])
     if src.task is None and family.name in _folder_pairs():  # two folders: discriminator/ and generator/
         return _folder_pairs()[family.name][0](src, out, overwrite, dtype)
@@ -108,7 +110,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
         hf_model.save_pretrained(str(tmp), safe_serialization=True)
         if remote:
             write_remote_code(tmp)
-        save_tokenizer(tmp, src.vocab_file, tok_lower)
+        save_tokenizer(tmp, Path(src.vocab_file), tok_lower, family)
         if labels:
             (tmp / "label_ids.csv").write_text("\n".join(labels) + "\n", encoding="utf-8")
         card = model_card(src.path, src.task, cls, remote, labels, dtype, Path(out).name)
@@ -119,6 +121,11 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
         apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     log.info("exported %s -> %s (%s%s)", src.path, out, cls, ", trust_remote_code=True to load" if remote else "")
     return {"out": str(out), "class": cls, "task": src.task, "labels": labels, "remote_code": remote, "dtype": dtype}
+
+
+def save_tokenizer(out: Path, vocab_file: Path, lowercase: bool | None, family: Family) -> None:
+    """The tokenizer files of the exported folder: the family's (``Family.save_tokenizer``)."""
+    family.save_tokenizer(out, vocab_file, lowercase)
 
 
 def _folder_pairs() -> dict:
@@ -145,30 +152,61 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
         from bio_megatron.export.hf_classify import classify_to_hf
 
         return classify_to_hf(src)
-    loaded = load_finetuned(src.path)
-    m, shape, tok = loaded.cfg.model, loaded.model.shape, loaded.tokenizer
+    return state_to_hf(read_ours(src.path))
+
+
+def _pretraining_to_hf(src: Source):
+    """The pretraining model (MLM, + NSP/SOP head) of a checkpoint at TP1, converted by its family."""
+    return state_to_hf(read_ours(src.path, accept=_exportable))
+
+
+def _exportable(src: Source) -> None:
+    """Refuse, before any weight is read, a pretraining model its family's HF class cannot compute."""
+    m, _ = pretraining_config(src)
     family = family_of_model(m)
-    settings = head_settings(src.task, m)
-    plain = plain_class(src.task, settings, shape.hidden_size, family) is not None
-    cls = family.hf_class(src.task) if plain else REMOTE_CLASS[src.task]
-    problems = family.export_problems(m, src.task)
+    problems = family.export_problems(m, None, binary_head=m.bert_binary_head)
+    if problems:
+        raise CheckpointError(f"{src.path}: a {family.name} model exports as "
+                              f"{family.hf_class(None, binary_head=m.bert_binary_head)}, which cannot compute this "
+                              "one: " + "; ".join(problems))
+
+
+def state_to_hf(state: ModelState) -> tuple[dict, object, bool, list[str] | None]:
+    """(HF state dict, transformers config, tokenizer lower-casing, labels) of a :class:`ModelState`: the family's
+    plain class (pretraining, or a task head it computes), else (Megatron BERT only) the remote-code class."""
+    m, task, family = state.model, state.task, family_named(state.family)
+    tok = state.tokenizer()
+    tokens = family.hf_tokens(tok)
+    lower = state.lowercase if family.tokenizer_kind != "bpe" else False
+    if task is None:
+        binary = m.bert_binary_head
+        cls = family.hf_class(None, binary_head=binary)
+        problems = family.export_problems(m, None, binary_head=binary)
+        if problems:
+            raise CheckpointError(f"{state.source}: a {family.name} model exports as {cls}, which cannot compute "
+                                  "this one: " + "; ".join(problems))
+        hsd = family.to_hf(state.tensors, m, state.vocab_size, binary_head=binary, **tokens)
+        return hsd, family.hf_config(m, state.vocab_size, **tokens, architectures=[cls]), lower, None
+    settings = head_settings(task, m)
+    plain = plain_class(task, settings, state.shape.hidden_size, family) is not None
+    cls = family.hf_class(task) if plain else REMOTE_CLASS[task]
+    problems = family.export_problems(m, task)
     if not plain and REMOTE_MODEL_TYPE not in family.hf_model_types:  # the remote-code classes wrap MegatronBertModel
-        problems.append(f"head {settings} ({family.hf_class(src.task)} computes "
-                        + ("a 2-layer tanh head as wide as the encoder" if src.task == "re" else "one Linear layer")
+        problems.append(f"head {settings} ({family.hf_class(task)} computes "
+                        + ("a 2-layer tanh head as wide as the encoder" if task == "re" else "one Linear layer")
                         + "; the remote-code classes for other heads are pre-LN Megatron BERT only)")
     if problems:
-        raise CheckpointError(f"{src.path}: a {family.name} {src.task} model has no Hugging Face class here: {cls} "
+        raise CheckpointError(f"{state.source}: a {family.name} {task} model has no Hugging Face class here: {cls} "
                               "cannot compute this one: " + "; ".join(problems))
-    tokens = family.hf_tokens(tok)
-    sd = loaded.model.state_dict()
-    head = family.head_to_hf(src.task, sd) if plain else remote_head(sd)
-    hsd = {**family.to_hf(sd, m, tok.vocab_size, binary_head=False, **tokens), **head}
-    labels = loaded.labels
-    extra = {"architectures": [cls]} if plain else remote_config_fields(src.task, settings)
+    sd = {**state.tensors, **state.head}  # a family's head map may read encoder weights too
+    head = family.head_to_hf(task, sd) if plain else remote_head(sd)
+    hsd = {**family.to_hf(state.tensors, m, state.vocab_size, binary_head=False, **tokens), **head}
+    labels = state.labels
+    extra = {"architectures": [cls]} if plain else remote_config_fields(task, settings)
     if labels:
         extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
                      label2id={t: i for i, t in enumerate(labels)})
-    config = family.hf_config(m, tok.vocab_size, **tokens, **extra)
+    config = family.hf_config(m, state.vocab_size, **tokens, **extra)
     if not plain:
         from bio_megatron.export.hf_modeling import BioMegatronConfig
 
@@ -176,28 +214,7 @@ def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
         # building transformers' plain head with random weights.
         fields = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "transformers_version")}
         config = BioMegatronConfig(**fields)
-    return hsd, config, tok.lowercase if family.tokenizer_kind != "bpe" else False, labels
-
-
-def _pretraining_to_hf(src: Source):
-    """The pretraining model (MLM, + NSP/SOP head) of a checkpoint at TP1, converted by its family."""
-    from bio_megatron.formats.ours import load_pretraining_model, pretraining_config, tokenizer_of
-
-    m, raw = pretraining_config(src)
-    binary = m.bert_binary_head
-    tok = tokenizer_of(src, raw)
-    family = family_of_model(m)
-    problems = family.export_problems(m, None, binary_head=binary)
-    cls = family.hf_class(None, binary_head=binary)
-    if problems:
-        raise CheckpointError(f"{src.path}: a {family.name} model exports as {cls}, which cannot compute this one: "
-                              + "; ".join(problems))
-    model = load_pretraining_model(src, m, tok.vocab_size)
-    sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    tokens = family.hf_tokens(tok)
-    hsd = family.to_hf(sd, m, tok.vocab_size, binary_head=binary, **tokens)
-    config = family.hf_config(m, tok.vocab_size, **tokens, architectures=[cls])
-    return hsd, config, tok.lowercase if family.tokenizer_kind != "bpe" else False, None
+    return hsd, config, lower, labels
 
 
 def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, verify: bool = False,

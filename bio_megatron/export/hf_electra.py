@@ -219,7 +219,7 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
 
     from bio_megatron.config.pretrain import electra_shapes
     from bio_megatron.export.folder_modes import apply_umask_modes
-    from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, save_tokenizer
+    from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES
     from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
     from bio_megatron.vocab.bpe import BPETokenizer
 
@@ -246,7 +246,7 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
         tmp.mkdir()
         for name, hf in models.items():
             hf.save_pretrained(str(tmp / name), safe_serialization=True)
-            save_tokenizer(tmp / name, src.vocab_file, tok.lowercase)
+            ELECTRA.save_tokenizer(tmp / name, Path(src.vocab_file), tok.lowercase)
             card = model_card(src.path, None, hf.config.architectures[0], False, None, dtype,
                               f"{Path(out).name}-{name}")
             (tmp / name / "README.md").write_text(card, encoding="utf-8")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from bio_megatron.families.albert import ALBERT
-from bio_megatron.families.base import Family
+from bio_megatron.families.base import Family, FamilyDefaults
 from bio_megatron.families.bert import BERT
 from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import MEGATRON_BERT
@@ -31,6 +31,19 @@ FAMILIES: dict[str, Family] = {
     ALBERT.name: ALBERT,
     MODERNBERT.name: MODERNBERT,
 }
+
+
+def _complete(family: object) -> None:
+    """Give ``family`` the :class:`~bio_megatron.families.base.FamilyDefaults` of the members it does not define
+    (members added to the protocol after the family was written), so every registered family implements it."""
+    for member in ("shape_keys", "save_tokenizer", "parameter_count"):
+        if not hasattr(family, member):
+            default = getattr(FamilyDefaults, member)
+            setattr(family, member, default.__get__(family) if callable(default) else default)
+
+
+for _family in FAMILIES.values():
+    _complete(_family)
 
 
 def family_named(name: str, key: str = "model.family") -> Family:

@@ -25,9 +25,10 @@ refused: every published ALBERT uses 1 and 1, and the engine holds exactly one s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bio_megatron.families.base import HFTask
+from bio_megatron.families.base import COMMON_SHAPE_KEYS, HFTask, save_tokenizer_files
 from bio_megatron.utils.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -77,9 +78,20 @@ class AlbertFamily:
     hf_model_types = ("albert",)
     tokenizer_kind = "sentencepiece"  # ALBERT's own; a WordPiece vocab.txt works as for any family
     block_type = "post_ln"
+    shape_keys = COMMON_SHAPE_KEYS + ("embedding_size", "hidden_act")  # the factorised width, gelu_new
 
     def __repr__(self) -> str:
         return "<family albert>"
+
+    def save_tokenizer(self, out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+        """spiece.model and AlbertTokenizer's files; an ALBERT over a WordPiece vocab.txt writes BertTokenizer's."""
+        save_tokenizer_files(out, vocab_file, lowercase)
+
+    def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """One shared layer, the factorised embedding, the tied E-wide output (``models.albert``)."""
+        from bio_megatron.models.albert import albert_parameter_count
+
+        return albert_parameter_count(m, padded_vocab)
 
     def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
         if task is None:

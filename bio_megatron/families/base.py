@@ -10,6 +10,7 @@ on theirs; the model layout (TP/PP) is dist-checkpointing's business, never the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -21,6 +22,15 @@ if TYPE_CHECKING:
     from bio_megatron.config.pretrain import ModelConfig
 
 TokenizerKind = Literal["wordpiece", "bpe", "sentencepiece"]
+# The ``ModelConfig`` fields of every family's shape: what a checkpoint's config.yaml records and a source carries
+# over to the model loading it (``loading/source.py``).
+COMMON_SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                     "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
+                     "transformer_block_type")
+# What loading read before families declared ``shape_keys``: a family that declares none (ModernBERT's module, so
+# far) keeps its rotary and attention-pattern keys this way. Keys absent from a checkpoint are never taken.
+UNDECLARED_SHAPE_KEYS = COMMON_SHAPE_KEYS + ("global_rope_theta", "local_rope_theta", "local_attention",
+                                             "global_attn_every_n_layers")
 # ``None`` is the pretraining model (MLM head, + NSP/SOP head when trained with one).
 HFTask = Literal["ner", "qa", "re", "classify"] | None
 
@@ -82,3 +92,86 @@ class Family(Protocol):
     def export_problems(self, m: ModelConfig, task: HFTask, *, binary_head: bool = False) -> list[str]:
         """What ``m`` has that this family's HF classes cannot compute (each naming the key and value); the
         exporter refuses in one line when there is any."""
+
+    shape_keys: tuple[str, ...]
+    """The ``ModelConfig`` fields of this family's shape (:data:`COMMON_SHAPE_KEYS` and its own, e.g. ALBERT's
+    ``embedding_size``): what a checkpoint records, :meth:`shape_from_hf` fills and a source carries over."""
+
+    def save_tokenizer(self, out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+        """Write the tokenizer files an ``export hf`` folder carries for ``vocab_file`` into ``out`` (what
+        transformers' tokenizer class of this family and ``import hf`` read back)."""
+
+    def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """The exact number of parameters of :meth:`build_pretraining_model` for ``m`` with ``padded_vocab``
+        embedding rows (tied weights once): ``pretrain --dry-run``, the memory check and the benchmark report."""
+
+
+class FamilyDefaults:
+    """Defaults of the members added to :class:`Family` after its first families: a family class may inherit them,
+    and the registry (:mod:`bio_megatron.families`) gives them to a registered family that defines none."""
+
+    shape_keys: tuple[str, ...] = UNDECLARED_SHAPE_KEYS
+
+    def save_tokenizer(self, out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+        """The files of whichever tokenizer ``vocab_file`` is (:func:`save_tokenizer_files`)."""
+        save_tokenizer_files(out, vocab_file, lowercase)
+
+    def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """megatron-core's ``BertModel`` (embeddings, layers, final LayerNorm, MLM head, + NSP head): exact for the
+        BERT-shaped families; a family whose model differs defines its own."""
+        from bio_megatron.config.sizes import parameter_count
+
+        return parameter_count(m.shape(), padded_vocab, m.max_position_embeddings, m.num_tokentypes,
+                               m.bert_binary_head)
+
+
+def save_tokenizer_files(out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+    """The tokenizer files transformers loads for ``vocab_file``, by what it is: a one-file BPE ``tokenizer.json``
+    (ModernBERT's) unchanged, a byte-level BPE (vocab.json + merges.txt), a SentencePiece model (spiece.model +
+    AlbertTokenizer files), else WordPiece."""
+    from bio_megatron.vocab.bpe import bpe_files
+    from bio_megatron.vocab.sentencepiece import spiece_file
+
+    if Path(vocab_file).name == "tokenizer.json":
+        from bio_megatron.vocab.tokenizer_json import save_tokenizer_json
+
+        save_tokenizer_json(out, vocab_file)
+    elif bpe_files(vocab_file) is not None:
+        save_bpe_files(out, vocab_file)
+    elif spiece_file(vocab_file) is not None:
+        save_spiece_files(out, vocab_file, lowercase)
+    else:
+        save_wordpiece_files(out, vocab_file, lowercase)
+
+
+def save_bpe_files(out: Path, vocab_file: Path) -> None:
+    """RoBERTa's vocab.json + merges.txt (+ tokenizer.json): what RobertaTokenizer and ``import hf`` read."""
+    import shutil
+
+    from bio_megatron.vocab.bpe import bpe_files
+
+    bpe = bpe_files(vocab_file)
+    for f in (*bpe, bpe[0].parent / "tokenizer.json"):
+        if f.is_file():
+            shutil.copyfile(f, out / f.name)
+
+
+def save_spiece_files(out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+    """ALBERT's spiece.model and transformers' AlbertTokenizer files."""
+    from bio_megatron.vocab.sentencepiece import save_sentencepiece, spiece_file
+
+    save_sentencepiece(out, spiece_file(vocab_file), lowercase)
+
+
+def save_wordpiece_files(out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+    """A BertTokenizer's files and the plain WordPiece vocab.txt."""
+    from transformers import BertTokenizer
+
+    tokens = Path(vocab_file).read_text(encoding="utf-8").split("\n")
+    if tokens and tokens[-1] == "":
+        tokens.pop()
+    # transformers 5.x ignores BertTokenizer(vocab_file=...): pass the vocabulary itself.
+    tok = BertTokenizer(vocab={t: i for i, t in enumerate(tokens)}, do_lower_case=lowercase)
+    tok.save_pretrained(str(out))
+    # transformers 5 writes only tokenizer.json; keep the plain WordPiece vocab.txt too (what import reads).
+    (out / "vocab.txt").write_text("\n".join(tokens) + "\n", encoding="utf-8")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bio_megatron.families.base import HFTask, TokenizerKind
+from bio_megatron.families.base import COMMON_SHAPE_KEYS, FamilyDefaults, HFTask, TokenizerKind
 from bio_megatron.utils.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -83,8 +83,12 @@ def bert_task_encoder(m: ModelConfig, padded_vocab: int, config: TransformerConf
     return embedding, encoder
 
 
-class BertLikeFamily:
-    """A family whose HF classes are ``<class_prefix>For*`` over a ``bert.`` encoder (``MegatronBert``, ``Bert``)."""
+class BertLikeFamily(FamilyDefaults):
+    """A family whose HF classes are ``<class_prefix>For*`` over a ``bert.`` encoder (``MegatronBert``, ``Bert``).
+    Its tokenizer files and parameter count are :class:`~bio_megatron.families.base.FamilyDefaults`' (any
+    tokenizer file by its kind; megatron-core ``BertModel``'s count, which the post-LN order does not change)."""
+
+    shape_keys = COMMON_SHAPE_KEYS
 
     def __init__(self, name: str, hf_model_types: tuple[str, ...], class_prefix: str, block_type: str,
                  tokenizer_kind: TokenizerKind = "wordpiece"):

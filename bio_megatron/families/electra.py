@@ -227,6 +227,12 @@ class ElectraFamily(BertLikeFamily):
     def __init__(self):
         super().__init__("electra", (MODEL_TYPE,), "Electra", "post_ln")
 
+    def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """Generator + discriminator, the shared embedding once (``config.pretrain.electra_parameter_count``)."""
+        from bio_megatron.config.pretrain import electra_parameter_count
+
+        return electra_parameter_count(m, padded_vocab)
+
     def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
         # fine-tuned: a post-LN BERT encoder + our head, which transformers' Bert* task classes compute
         return DISCRIMINATOR_CLASSES[0] if task is None else BERT.hf_class(task)

@@ -11,9 +11,10 @@ whose outputs no real token attends to and no loss reads.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bio_megatron.families.base import HFTask
+from bio_megatron.families.base import HFTask, save_bpe_files
 from bio_megatron.families.bert_layers import TASK_SUFFIX, BertLikeFamily, common_hf_problems, shape_fields
 from bio_megatron.utils.errors import CheckpointError
 
@@ -78,6 +79,10 @@ class RobertaFamily(BertLikeFamily):
 
     def __init__(self):
         super().__init__("roberta", ("roberta",), "Roberta", "post_ln", tokenizer_kind="bpe")
+
+    def save_tokenizer(self, out: Path, vocab_file: Path, lowercase: bool | None) -> None:
+        """vocab.json + merges.txt (+ tokenizer.json): RobertaTokenizer's files; BPE does not lower-case."""
+        save_bpe_files(out, vocab_file)
 
     def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
         # RoBERTa has no NSP head: a binary head is refused by the exporter (export_problems), not renamed here

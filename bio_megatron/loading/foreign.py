@@ -29,7 +29,6 @@ from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
-MEGATRON_LM_TRACKER = "latest_checkpointed_iteration.txt"
 # what resolve_world reads: the child must be a world of its own
 _WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID")
@@ -39,20 +38,6 @@ def cache_dir() -> Path:
     root = Path(tempfile.gettempdir()) / "bio_megatron_sources"
     root.mkdir(parents=True, exist_ok=True)
     return root
-
-
-def foreign_kind(path: Path) -> str | None:
-    """``nemo`` for a ``.nemo`` file, ``megatron-lm`` for a Megatron-LM checkpoint (tracker file, or a
-    single ``.pt`` / NGC ``.zip``), else None (ours or a Hugging Face folder)."""
-    if path.is_file():
-        if path.suffix == ".nemo":
-            return "nemo"
-        if path.suffix in (".pt", ".zip"):
-            return "megatron-lm"
-        return None
-    if (path / MEGATRON_LM_TRACKER).is_file() and not (path / "bio_megatron.json").is_file():
-        return "megatron-lm"
-    return None
 
 
 def _fingerprint(path: Path) -> str:

@@ -13,21 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bio_megatron.config.pretrain import ModelConfig
-from bio_megatron.families import family_of_hf, family_of_model
+from bio_megatron.families import family_named, family_of_hf, family_of_model
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
+from bio_megatron.formats.detect import FOREIGN, detect
 from bio_megatron.formats.saved import saved_model_config
-from bio_megatron.loading.foreign import cached_vocab, foreign_kind, imported
+from bio_megatron.loading.foreign import cached_vocab, imported
 from bio_megatron.loading.hf_heads import CLASS_TASK, source_head
 from bio_megatron.models.hf_convert import read_tokenizer_json
 from bio_megatron.training.checkpoint import read_metadata
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 from bio_megatron.vocab.tokenizer_json import is_bpe_tokenizer_json
-
-_SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-               "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
-               "transformer_block_type", "embedding_size", "hidden_act",  # these two: ALBERT's
-               "global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers")  # ModernBERT's
 
 
 @dataclass
@@ -80,24 +76,25 @@ def resolve_source(path: str | Path) -> Source:
     once into a cached checkpoint of ours: :mod:`bio_megatron.loading.foreign`). Raises CheckpointError
     naming the path when it is none of them."""
     path = Path(path)
-    kind = foreign_kind(path)
-    if kind is not None:
+    kind = detect(path)
+    if kind in FOREIGN:
         src = resolve_source(imported(path, kind))
         src.origin = path
         return src
-    if (path / "config.json").is_file() and not (path / "bio_megatron.json").is_file():
+    if kind == "hf":
         return _resolve_hf(path)
     meta = read_metadata(path)
     ckpt = Path(meta["path"])
     model = saved_model_config(ckpt)
-    shape = {k: model[k] for k in _SHAPE_KEYS if model.get(k) is not None}
     vocab = ckpt / "vocab.json" if (ckpt / "vocab.json").is_file() else ckpt / "vocab.txt"  # BPE / WordPiece
     if (ckpt / "spiece.model").is_file():  # ALBERT's SentencePiece model (training/checkpoint.py saves it so)
         vocab = ckpt / "spiece.model"
     if not vocab.is_file() and is_bpe_tokenizer_json(ckpt / "tokenizer.json"):  # a one-file BPE (ModernBERT's)
         vocab = ckpt / "tokenizer.json"
     # recorded in config.yaml (bio_megatron.json too) since families exist; inferred for older checkpoints
-    shape["family"] = meta.get("family") or family_of_model(model, vocab_file=vocab).name
+    family = family_named(meta["family"]) if meta.get("family") else family_of_model(model, vocab_file=vocab)
+    shape = {k: model[k] for k in family.shape_keys if model.get(k) is not None}  # the family's shape fields
+    shape["family"] = family.name
     labels = None
     if (ckpt / "label_ids.csv").is_file():
         labels = (ckpt / "label_ids.csv").read_text(encoding="utf-8").splitlines()

@@ -26,7 +26,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from bio_megatron.config.pretrain import ModelConfig, electra_parameter_count
+from bio_megatron.config.pretrain import ModelConfig
+from bio_megatron.config.sizes import parameter_count
+from bio_megatron.families import family_of_model
 from bio_megatron.utils.errors import BioMegatronError
 from bio_megatron.utils.log import get_logger
 
@@ -58,13 +60,12 @@ def parameters_per_rank(m: ModelConfig, padded_vocab: int) -> int:
     biases of row-parallel layers replicated), the word embedding vocab-parallel on the first stage and, for
     tying, again on the last one when PP > 1 (megatron-core keeps a copy there)."""
     tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
-    if m.objective == "electra":  # PP is always 1; nearly everything is a TP-split matrix
-        return math.ceil(electra_parameter_count(m, padded_vocab) / tp)
-    if m.family == "albert":  # PP 1 too, and one shared layer whatever num_layers says
-        from bio_megatron.models.albert import albert_parameter_count
-
-        return math.ceil(albert_parameter_count(m, padded_vocab) / tp)
     s = m.shape()
+    total = family_of_model(m).parameter_count(m, padded_vocab)
+    if total != parameter_count(s, padded_vocab, m.max_position_embeddings, m.num_tokentypes, m.bert_binary_head):
+        # not megatron-core's BertModel (ELECTRA's two encoders, ALBERT's shared layer): PP is 1 for those
+        # families and nearly everything is a TP-split matrix
+        return math.ceil(total / tp)
     h, f = s.hidden_size, s.ffn_hidden_size
     layer = (2 * h + (3 * h * h + 3 * h) // tp + h * h // tp + h + 2 * h + (h * f + f) // tp + f * h // tp + h)
     layers = math.ceil(s.num_layers / pp) * layer
