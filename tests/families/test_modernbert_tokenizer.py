@@ -18,6 +18,8 @@ from harness import run_world
 from reliability.cli_log import run_cli
 from reliability.files import tree_digest
 
+from engine.pretrain_runs import losses, overrides
+
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "tests" / "fixtures" / "finetune" / "bc5cdr_chem_train_head.tsv"
 SPECIALS = ["[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]"]
@@ -181,3 +183,41 @@ def test_tokenizer_json_without_a_mask_token_is_refused_by_name(tmp_path):
     assert rc == 2 and len(text.splitlines()) == 1, text
     assert "tokenizer.json" in text and "[MASK]" in text, text
     assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
+
+
+def _tokenize_and_continue(ckpt: str, jsonl: str, root: str) -> dict:
+    """``data tokenize --vocab <ckpt>/tokenizer.json``, then ``pretrain --config tiny_modernbert`` continuing the
+    imported weights (``model.restore_from_path``) on packed MLM rows of that data, 3 steps."""
+    import torch.distributed as dist
+
+    from bio_megatron.cli import main
+    from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.training.pretrain import run_pretraining
+
+    prefix = f"{root}/data/pubmed_bpe"
+    rc = main(["data", "tokenize", "--input", jsonl, "--vocab", f"{ckpt}/tokenizer.json", "--output-prefix", prefix])
+    shape = ["model.num_layers=3", "model.hidden_size=64", "model.num_attention_heads=4", "model.ffn_hidden_size=96",
+             "model.max_position_embeddings=128", "model.local_attention=8", "model.global_attn_every_n_layers=2",
+             "model.global_rope_theta=1000.0", "model.local_rope_theta=50.0", "model.layernorm_epsilon=1e-5"]
+    over = overrides(Path(prefix), Path(root), "continue", steps=3, save_last=True) + shape + [
+        f"model.restore_from_path={ckpt}", f"model.tokenizer.vocab_file={ckpt}/tokenizer.json",
+        "model.objective=mlm", "model.data.masking=token", "model.data.packing=documents",
+        "model.encoder_seq_length=64"]
+    cfg = load_pretrain_config(ROOT / "nemo_configs" / "pretrain" / "tiny_modernbert.yaml", over, 1)
+    status = run_pretraining(cfg)
+    dist.barrier()
+    return {"tokenize_rc": rc, "status": status}
+
+
+def test_continued_pretraining_on_data_tokenized_with_the_tokenizer_json(bpe_modernbert, pubmed_prefix, tmp_path):
+    """The imported ModernBERT's tokenizer.json tokenizes the bundled PubMed text (``data tokenize``) and pretraining
+    continues the imported weights on it (model.objective mlm: its [PAD] is not id 0; packed documents); the
+    checkpoints keep the tokenizer.json."""
+    root, _ = bpe_modernbert
+    (res,) = run_world(1, _tokenize_and_continue, str(root / "ckpt"), str(Path(pubmed_prefix).parent / "pubmed.jsonl"),
+                       str(tmp_path))
+    assert res["tokenize_rc"] == 0 and res["status"] == "finished", res
+    run = losses(tmp_path / "continue")
+    assert sorted(run) == [1, 2, 3] and all(0.0 < v < 10.0 for v in run.values()), run
+    saved = list((tmp_path / "continue" / "checkpoints").rglob("tokenizer.json"))
+    assert saved and saved[0].read_bytes() == (root / "hf" / "tokenizer.json").read_bytes()
