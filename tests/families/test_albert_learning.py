@@ -7,19 +7,24 @@ it does not (issue 22 stays open on that line), so the test asserts that it lear
 xfail at run time, printing both figures. The settings are tiny_ner's learning-check ones (lr 2e-3, no encoder
 dropout, one linear head) with 10 epochs.
 
-Why it does not, and why that is not ALBERT's: the control, a random ``BertForMaskedLM`` of the same width (H = E =
-64, four distinct layers) imported and fine-tuned the same way, lands with it (measured 2026-11-26, with I-X labels
-on later sub-tokens: ALBERT dev 50.3 / test 41.5, BERT dev 52.0 / test 41.9; lexicon 43.3 / 43.0), and the test
-asserts ALBERT stays within a few points of it. Per mention, on test: the lexicon finds 166 of the 167 mentions
-whose words it knows and none of the other 378; ALBERT finds 86 of those 378 (sub-word pieces generalise) but only
-111 of the 167, and misses mostly words of several WordPiece pieces (68 of 123 found, against 52 of 60 one-piece
-words): a word is predicted at its first piece ("c" of "c ##lon ##id ##ine"), which a random encoder must learn to
-read with the rest of the word from 800 sentences, and its precision (0.49) stays below the lexicon's (0.73).
-Neither the factorisation nor the width is the cause: E = H = 64 gives dev 50.0 / test 41.9, E = H = 128 (lr 1e-3)
-49.8 / 41.7. Tried on dev, none better than 42.5 on test: 20 epochs (dev 48.9), lr 1e-3 x 20 epochs (50.4), lr 5e-3
-(collapses to all-O), only first pieces labelled (47.8), batch 8 at lr 1e-3 (51.0), a two-layer head of 128 (48.2),
-encoder dropout 0.1 with head dropout 0.1 or 0.5 x 20 epochs (49.7, 49.5; test 40.8, 42.5); earlier: E 64 / H 128
-(47.3), a 2,000-piece SentencePiece vocabulary (38.6)."""
+Why it does not, and why that is not its shared layer or factorised embedding: the control, a random
+``BertForMaskedLM`` of the same width (H = E = 64, four distinct layers) imported and fine-tuned the same way, lands
+with it (measured 2026-11-26, with I-X labels on later sub-tokens: ALBERT dev 50.3 / test 41.5, BERT dev 52.0 / test
+41.9; lexicon 43.3 / 43.0), and the test asserts ALBERT stays within a few points of it. Per mention, on test: the
+lexicon finds 166 of the 167 mentions whose words it knows and none of the other 378; ALBERT finds 86 of those 378
+(sub-word pieces generalise) but only 111 of the 167, and misses mostly words of several WordPiece pieces (68 of 123
+found, against 52 of 60 one-piece words): a word is predicted at its first piece ("c" of "c ##lon ##id ##ine"),
+which a random encoder must learn to read with the rest of the word from 800 sentences, and its precision (0.49)
+stays below the lexicon's (0.73). Post-LN is not the cause: a random pre-LN MegatronBertForMaskedLM of the same
+width lands there too (dev 48.8 / test 40.7). A random ModernBERT of the same width does not
+(test_modernbert_learning.py: 58.3 on test; 58.4 with every layer global, so not its local window); of what else
+differs (rotary instead of learned absolute positions, GeGLU, bias-free layers, its own head) the relative positions
+are the likely help for reading a word's later pieces, not isolated here. Neither the factorisation nor the width is
+the cause: E = H = 64 gives dev 50.0 / test 41.9, E = H = 128 (lr 1e-3) 49.8 / 41.7. Tried on dev, none better than
+42.5 on test: 20 epochs (dev 48.9), lr 1e-3 x 20 epochs (50.4), lr 5e-3 (collapses to all-O), only first pieces
+labelled (47.8), batch 8 at lr 1e-3 (51.0), a two-layer head of 128 (48.2), encoder dropout 0.1 with head dropout
+0.1 or 0.5 x 20 epochs (49.7, 49.5; test 40.8, 42.5); earlier: E 64 / H 128 (47.3), a 2,000-piece SentencePiece
+vocabulary (38.6)."""
 
 from __future__ import annotations
 
