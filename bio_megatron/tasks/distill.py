@@ -19,7 +19,7 @@ from bio_megatron.loading.teacher import load_task_teacher
 from bio_megatron.tasks.packing import model_inputs
 from bio_megatron.tasks.protocol import Task
 from bio_megatron.training.distill_task_loss import REPORT_KEYS, task_distill_loss
-from bio_megatron.utils.errors import ConfigError
+from bio_megatron.utils.errors import BioMegatronError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
@@ -33,9 +33,9 @@ def kind_of(task: Task) -> str:
         return "span"
     mode = getattr(task, "mode", "single")
     if mode == "regression":
-        raise ConfigError(f"model.teacher.restore_from_path: {task.name} {task.d.task_name} is a regression task: "
-                          "its one output is a score, not a distribution to distil with a KL term; fine-tune it "
-                          "without a teacher")
+        raise BioMegatronError(f"model.teacher.restore_from_path: {task.name} {task.d.task_name} is a regression "
+                               "task: its one output is a score, not a distribution to distil with a KL term; "
+                               "fine-tune it without a teacher")
     return "sequence" if mode == "single" else "multilabel"
 
 
@@ -66,7 +66,7 @@ class DistilledTask:
 
 def with_teacher(cfg, task: Task, tokenizer) -> Task:
     """``task`` itself without ``model.teacher.restore_from_path``; else the task distilling from that teacher
-    (loaded now, after the student, at the run's layout; refusals are one CheckpointError/ConfigError, exit 2,
+    (loaded now, after the student, at the run's layout; refusals are one line, exit 2,
     before the run folder is touched)."""
     m = cfg.model
     if not m.teacher.restore_from_path:

@@ -80,6 +80,7 @@ CASES = {  # extra overrides (or another task), what the one line says
     "pipeline": (("model.pipeline_model_parallel_size=2",), ["must be 1 for task-specific distillation"]),
     "other_task": ((), ["is a fine-tuned ner model; finetune qa distils from a teacher fine-tuned on qa"]),
     "no_teacher_there": ((), ["model.teacher.restore_from_path: "]),
+    "regression": ((), ["classify biosses is a regression task", "not a distribution to distil"]),
 }
 
 
@@ -91,6 +92,11 @@ def test_a_bad_teacher_is_one_line_exit_2_and_nothing_written(case: str, ner, tm
     if case == "other_task":
         argv = ["finetune", "qa", "--config", "tiny_qa", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=run",
                 "trainer.max_steps=1", f"model.teacher.restore_from_path={teacher}"]
+    elif case == "regression":
+        argv = ["finetune", "classify", "--config", "tiny_classify", f"exp_manager.exp_dir={tmp_path}",
+                "exp_manager.name=run", "trainer.max_steps=1", "model.dataset.task_name=biosses",
+                f"model.dataset.data_dir={ROOT / 'tests' / 'fixtures' / 'blurb' / 'BIOSSES'}",
+                f"model.teacher.restore_from_path={teacher}"]
     else:
         argv = ["finetune", "ner", "--config", str(TINY_NER_DISTILL), *run_overrides(tmp_path, "run", teacher, *extra)]
     (rc, msg), = run_world(1, cli, argv)
