@@ -164,7 +164,7 @@ def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: st
     from bio_megatron.export.hf import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
-    rc = main(["predict", task, "--checkpoint", ckpt, "--input", text_file, "--out", pred])
+    rc = main(["predict", task, "--checkpoint", ckpt, "--input", text_file, "--out", pred]) if task != "re" else None
     info = export_hf(ckpt, out)
     loaded = load_finetuned(ckpt, default_labels=["0", "1"])
     tok = loaded.tokenizer
@@ -185,15 +185,16 @@ def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: st
 
 
 EXPORTED = {"ner": "ModernBertForTokenClassification", "classify": "ModernBertForSequenceClassification",
-            "qa": "ModernBertForQuestionAnswering"}
-RECIPES = {"ner": "ner/tiny_ner.yaml", "classify": "classify/tiny_classify.yaml", "qa": "qa/tiny_qa.yaml"}
+            "qa": "ModernBertForQuestionAnswering", "re": "ModernBertForSequenceClassification"}
+RECIPES = {"ner": "ner/tiny_ner.yaml", "classify": "classify/tiny_classify.yaml", "qa": "qa/tiny_qa.yaml",
+           "re": "re/tiny_re.yaml"}
 
 
 @pytest.mark.parametrize("task", list(EXPORTED))
 def test_finetune_from_imported_modernbert_predicts_and_exports(modernbert_mlm, tmp_path, task):
-    """``finetune ner`` / ``classify`` / ``qa`` (3 steps) start from the imported ModernBertForMaskedLM with
-    ModernBERT's own head; ``predict`` reads the fine-tuned checkpoint; ``export hf`` is transformers'
-    ModernBertFor{Token,Sequence}Classification / ModernBertForQuestionAnswering with our logits."""
+    """``finetune ner`` / ``classify`` / ``qa`` / ``re`` (3 steps) start from the imported ModernBertForMaskedLM with
+    ModernBERT's own head; ``predict`` reads the fine-tuned checkpoint (no ``predict re`` exists); ``export hf`` is
+    transformers' ModernBertFor{Token,Sequence}Classification / ModernBertForQuestionAnswering with our logits."""
     root, _ = modernbert_mlm
     over = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=8",
             "model.dataset.test_file=null", "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path}",
@@ -215,6 +216,7 @@ def test_finetune_from_imported_modernbert_predicts_and_exports(modernbert_mlm, 
         text = ROOT / "tests" / "fixtures" / "blurb" / "GAD" / "test.tsv"
     (res,) = run_world(1, _predict_and_export, task, str(tmp_path / task / "checkpoints"), str(text),
                        str(tmp_path / "pred.jsonl"), str(tmp_path / "hf"))
-    assert res["predict_rc"] == 0 and (tmp_path / "pred.jsonl").read_text().strip(), res
+    if task != "re":
+        assert res["predict_rc"] == 0 and (tmp_path / "pred.jsonl").read_text().strip(), res
     assert res["family"] == "modernbert" and res["class"] == res["loaded"] == EXPORTED[task], res
     assert res["scale"] > 0.01 and res["diff"] < 1e-4, res
