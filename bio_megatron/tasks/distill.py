@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from bio_megatron.loading.teacher import load_task_teacher
+from bio_megatron.loading.teacher import inspect_task_teacher, load_task_teacher
 from bio_megatron.tasks.packing import model_inputs
 from bio_megatron.tasks.protocol import Task
 from bio_megatron.training.distill_task_loss import REPORT_KEYS, task_distill_loss
@@ -62,6 +62,14 @@ class DistilledTask:
         loss, self.last_report = task_distill_loss(self.kind, task_loss, logits, teacher_logits, batch,
                                                    self.settings)
         return loss
+
+
+def check_teacher(cfg, task: Task, tokenizer) -> None:
+    """The teacher checked against the student without reading a weight (``finetune --dry-run`` and the run's own
+    set-up, before any process group exists): task kind, source, task, labels, vocabulary, shape vs layout."""
+    if cfg.model.teacher.restore_from_path:
+        kind_of(task)
+        inspect_task_teacher(cfg, task.labels, tokenizer.vocab_file)
 
 
 def with_teacher(cfg, task: Task, tokenizer) -> Task:

@@ -28,7 +28,7 @@ from bio_megatron.models.bert import describe_precision, dtype_name, precision_d
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
 from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
-from bio_megatron.tasks.distill import with_teacher
+from bio_megatron.tasks.distill import check_teacher, with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.packing import model_inputs, pack
 from bio_megatron.tasks.protocol import TASKS, Split, Task
@@ -201,6 +201,7 @@ def prepare(cfg: FinetuneConfig, world_size: int | None) -> tuple[Source | None,
     task = TASKS[cfg.task](cfg, tokenizer, src.labels if same_task else None)
     monitor_key(cfg, task.metric)  # a monitor the task does not log: exit 2 before anything is written
     require_examples(cfg, task)
+    check_teacher(cfg, task, tokenizer)  # task-specific distillation: refused now, before any process group
     return src, tokenizer, task, same_task
 
 

@@ -81,6 +81,11 @@ CASES = {  # extra overrides (or another task), what the one line says
     "other_task": ((), ["is a fine-tuned ner model; finetune qa distils from a teacher fine-tuned on qa"]),
     "no_teacher_there": ((), ["model.teacher.restore_from_path: "]),
     "regression": ((), ["classify biosses is a regression task", "not a distribution to distil"]),
+    "other_labels_dry_run": (("--dry-run", "model.dataset.data_dir=" + str(ROOT / "tests" / "fixtures" / "ner"),
+                              "model.dataset.train_file=bc5cdr_disease_devel_head.tsv",
+                              "model.dataset.dev_file=bc5cdr_disease_devel_head.tsv"),
+                             ["the teacher's labels ['O', 'B-Chemical', 'I-Chemical'] are not the student's"]),
+    "other_vocabulary_dry_run": (("--dry-run", "model.tokenizer.vocab_file=bert_base_uncased"), ["not the student's"]),
 }
 
 
@@ -98,10 +103,13 @@ def test_a_bad_teacher_is_one_line_exit_2_and_nothing_written(case: str, ner, tm
                 f"model.dataset.data_dir={ROOT / 'tests' / 'fixtures' / 'blurb' / 'BIOSSES'}",
                 f"model.teacher.restore_from_path={teacher}"]
     else:
-        argv = ["finetune", "ner", "--config", str(TINY_NER_DISTILL), *run_overrides(tmp_path, "run", teacher, *extra)]
+        flags = [e for e in extra if e.startswith("--")]
+        argv = ["finetune", "ner", "--config", str(TINY_NER_DISTILL), *flags,
+                *run_overrides(tmp_path, "run", teacher, *(e for e in extra if e not in flags))]
     (rc, msg), = run_world(1, cli, argv)
     assert rc == 2, msg
     assert all(e in msg for e in expected), msg
+    assert "--dry-run" not in argv or not (tmp_path / "run").exists()
     assert "\n" not in msg.strip() or case == "pipeline", msg
     assert not (tmp_path / "run").exists()
     assert tree_digest(ner["teacher"]) == before and DATA.is_dir()
@@ -115,6 +123,14 @@ def test_a_hugging_face_task_teacher_teaches_as_its_checkpoint(ner, tmp_path: Pa
     assert rc == 0, msg
     (losses,) = run_world(1, distil_rank, run_overrides(ner["root"], "hf_teacher", hf))
     assert max(abs(a - b) for a, b in zip(losses, ner["tp1"]["losses"])) < 1e-5, (losses, ner["tp1"]["losses"])
+
+
+def test_dry_run_checks_a_good_teacher_and_writes_nothing(ner, tmp_path: Path) -> None:
+    argv = ["finetune", "ner", "--config", str(TINY_NER_DISTILL), "--dry-run",
+            *run_overrides(tmp_path, "run", ner["teacher"])]
+    (rc, msg), = run_world(1, cli, argv)
+    assert rc == 0, msg
+    assert not (tmp_path / "run").exists()
 
 
 def _other_task_rank(task: str, over: list[str]) -> list[float]:
