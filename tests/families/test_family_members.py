@@ -16,9 +16,9 @@ from bio_megatron.families.base import COMMON_SHAPE_KEYS
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = {"megatron_bert": "tiny", "bert": "tiny_post_ln", "roberta": "tiny_roberta", "electra": "tiny_electra",
            "albert": "tiny_albert", "modernbert": "tiny_modernbert"}
-# modernbert: families/modernbert.py declares no parameter_count yet, so it has the default (megatron-core
-# BertModel's count), which its bias-free, gated, rotary model does not have. strict: passes once it declares one.
-_DEFAULT_ONLY = {"modernbert"}
+# Families that declare no parameter_count and whose model is not BertModel's (strict xfail: passes once one is
+# declared). ModernBERT declares its own since 8c34b79 (families/modernbert.py); none left.
+_DEFAULT_ONLY: set[str] = set()
 
 
 def _counts(recipes: dict[str, str], binary: bool | None, vocabs: dict[str, int] | None = None) -> dict[str, tuple]:
