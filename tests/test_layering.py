@@ -30,10 +30,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("families", ("families",)),                                     # encoder families: HF names, models built
     ("training", ("training",)),
     ("loading", ("loading",)),
-    ("formats", ("formats",)),                                       # our checkpoints read at TP1
+    ("formats", ("formats",)),                                       # ours at TP1, Megatron-LM, NeMo
     ("tasks", ("tasks",)),
     ("predict", ("predict",)),
-    ("converters", ("interchange",)),
     ("export", ("export",)),
     ("tools", ("bench", "benchmark", "demo", "report")),
     ("cli", ("cli",)),

@@ -108,13 +108,13 @@ def _mlm_import_options(p: argparse.ArgumentParser) -> None:
 
 
 def _mlm_export(args: argparse.Namespace) -> dict:
-    from bio_megatron.interchange.megatron_lm import export_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import export_megatron_lm
 
     return export_megatron_lm(args.checkpoint, args.out, args.tp, args.overwrite)
 
 
 def _mlm_import(args: argparse.Namespace) -> dict:
-    from bio_megatron.interchange.megatron_lm import import_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import import_megatron_lm
 
     return import_megatron_lm(args.checkpoint, args.out, args.vocab, args.num_attention_heads, args.overwrite,
                               verify=args.verify, tolerance=args.tolerance)
@@ -139,13 +139,13 @@ def _nemo_import_options(p: argparse.ArgumentParser) -> None:
 
 
 def _nemo_export(args: argparse.Namespace) -> dict:
-    from bio_megatron.interchange.nemo import export_nemo
+    from bio_megatron.formats.nemo.convert import export_nemo
 
     return export_nemo(args.checkpoint, args.out, args.tp, args.pp, args.mcore, args.overwrite)
 
 
 def _nemo_import(args: argparse.Namespace) -> dict:
-    from bio_megatron.interchange.nemo import import_nemo
+    from bio_megatron.formats.nemo.convert import import_nemo
 
     return import_nemo(args.model, args.out, args.num_attention_heads, args.overwrite, verify=args.verify,
                        tolerance=args.tolerance)

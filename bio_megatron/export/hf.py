@@ -60,7 +60,7 @@ from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
 from bio_megatron.formats.ours import pretraining_config, read_ours
 from bio_megatron.formats.state import ModelState
-from bio_megatron.interchange.verify import save_verified
+from bio_megatron.formats.verify import save_verified
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
 from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_CLASS
@@ -288,8 +288,8 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
 def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: float | None = None) -> dict:
     """transformers' own model, loaded from the folder with ``from_pretrained`` (an implementation that is
     not ours, reading the files as any user of the folder would), vs our engine on the written checkpoint:
-    :func:`bio_megatron.interchange.verify.verify_import` on its padded batch."""
-    from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+    :func:`bio_megatron.formats.verify.verify_import` on its padded batch."""
+    from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
 
     single_process()  # our side loads the checkpoint at TP1
     cfg = load_json(Path(hf_dir) / "config.json")

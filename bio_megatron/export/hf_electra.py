@@ -12,7 +12,7 @@ ours (``model.objective: electra``, :mod:`bio_megatron.models.electra`).
 - **export**: ``OUT/discriminator/`` (``ElectraForPreTraining``) and ``OUT/generator/`` (``ElectraForMaskedLM``),
   each a complete folder (config.json, model.safetensors, WordPiece tokenizer files), written atomically together.
 - **verify**: transformers' two classes loaded from the folders vs our checkpoint at TP1 on
-  :func:`interchange.verify.fixed_batch`: discriminator logits and generator MLM logits at the real positions.
+  :func:`formats.verify.fixed_batch`: discriminator logits and generator MLM logits at the real positions.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.export.hf_files import IMPORT_COMMAND
-    from bio_megatron.interchange.verify import save_verified
+    from bio_megatron.formats.verify import save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.hf import read_hf_weights
     from bio_megatron.loading.model import load_full_state
@@ -167,7 +167,7 @@ def load_electra(src: Source, tp: int = 1):
 
 def electra_forward(model) -> callable:
     """(ids, mask, types) -> {"discriminator": [B, S, 1], "generator": [B, S, V/TP]} of our model. The
-    discriminator's logits get a trailing axis so that :func:`interchange.verify.compare` leaves out the padded
+    discriminator's logits get a trailing axis so that :func:`formats.verify.compare` leaves out the padded
     positions as it does for MLM logits; generator logits are computed at every real position."""
     def forward(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         disc = model.discriminator_logits(ids, mask, types).unsqueeze(-1)
@@ -191,7 +191,7 @@ def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, chec
     """transformers' ``ElectraForPreTraining`` (and ``ElectraForMaskedLM``) from the folders vs our checkpoint."""
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
-    from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+    from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.source import resolve_source
 

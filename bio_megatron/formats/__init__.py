@@ -1,6 +1,9 @@
-"""Checkpoint formats: our own checkpoints read in one place.
+"""Checkpoint formats, one place each, around one in-memory value (``state.ModelState``).
 
-``saved.py`` is the one reader of our checkpoints' ``config.yaml``; ``ours.py`` the one loader of our own
-pretraining checkpoints at TP1, which the Hugging Face, Megatron-LM and NeMo writers (``export/``,
-``interchange/``) and every ``--verify`` share. docs/ARCHITECTURE.md, Formats.
+``saved.py`` is the one reader of our checkpoints' ``config.yaml``; ``detect.py`` decides which format a path holds;
+``ours.py`` reads our own checkpoints (any layout) at TP1 into a ``ModelState``; ``megatron_lm/`` and ``nemo/``
+read and write Megatron-LM (legacy and ``torch_dist``) and NeMo ``.nemo``; ``safe_load.py`` unpickles their files
+without running code and ``verify.py`` compares an import with an independent reference. Hugging Face folders are
+written by ``export/`` (above ``predict/``, whose classify loader a BLURB export uses) and read by ``loading/hf.py``.
+docs/ARCHITECTURE.md, Formats.
 """

@@ -169,7 +169,7 @@ def _export_pretrained(ckpt: str, out: str) -> dict:
 
     from bio_megatron.export.hf import export_hf
     from bio_megatron.export.hf_electra import electra_forward, load_electra
-    from bio_megatron.interchange.verify import fixed_batch
+    from bio_megatron.formats.verify import fixed_batch
     from bio_megatron.loading.source import resolve_source
 
     export_hf(ckpt, out)

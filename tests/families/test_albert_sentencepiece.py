@@ -22,7 +22,7 @@ def _export_and_compare(ckpt: str, out: str) -> dict:
     from transformers import AutoModelForPreTraining, AutoTokenizer
 
     from bio_megatron.export.hf import export_hf
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import load_pretraining
 
     info = export_hf(ckpt, out)
     hf = AutoModelForPreTraining.from_pretrained(out).eval()

@@ -119,7 +119,7 @@ def _window_and_rope(ckpt: str) -> dict:
     import torch
 
     from bio_megatron.models.modernbert import rope_table
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import load_pretraining
     from megatron.core.models.common.embeddings.rotary_pos_embedding import apply_rotary_pos_emb
 
     model, m, tok = load_pretraining(ckpt)
@@ -164,7 +164,7 @@ def _local_only(ckpt: str) -> float:
     """Token 0 after one local layer applied to the embedding alone, with token 20 changed: no difference."""
     import torch
 
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import load_pretraining
     from bio_megatron.models.modernbert import attention_mask_for
 
     model, m, tok = load_pretraining(ckpt)
@@ -208,7 +208,7 @@ def _packed_vs_separate(ckpt: str) -> dict:
     them) vs each alone in its own padded row: the MLM logits of every real token."""
     import torch
 
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import load_pretraining
 
     model, _, tok = load_pretraining(ckpt)
     ids, _ = _batch(tok.vocab_size)

@@ -56,7 +56,7 @@ def _write_rank(over: list[str], mlm_root: str, ours_root: str) -> None:
     from bio_megatron.config.pretrain import load_pretrain_config
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.data.pretrain import load_tokenizer
-    from bio_megatron.interchange.megatron_lm import _megatron_args
+    from bio_megatron.formats.megatron_lm.convert import _megatron_args
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.training.optimizer import build_optimizer, build_scheduler
@@ -117,8 +117,8 @@ def saved(tmp_path_factory) -> dict:
 
 
 def _logits(ckpt: Path) -> tuple[dict, dict]:
-    from bio_megatron.interchange.verify import checkpoint_forward, fixed_batch
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import checkpoint_forward, fixed_batch
+    from bio_megatron.formats.verify import load_pretraining
 
     forward, vocab, positions = checkpoint_forward(ckpt)
     ids, mask, types = fixed_batch(vocab, positions)
@@ -138,7 +138,7 @@ def test_layout_is_megatron_lms(saved):
 
 def _import_and_compare(mlm: str, out: str, vocab: str, ours: str) -> tuple[dict, bool, dict]:
     """In a forked 1-rank world: loading in the pytest parent would leave gloo/torch state that later forks inherit."""
-    from bio_megatron.interchange.megatron_lm import import_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import import_megatron_lm
 
     summary = import_megatron_lm(Path(mlm), Path(out), vocab=Path(vocab))
     ref, ref_state = _logits(Path(ours))
@@ -182,7 +182,7 @@ def _copy(saved, tmp_path) -> tuple[Path, Path]:
 
 def _try_import(root: str, out: str, vocab: str) -> str:
     """Import in a forked 1-rank world; returns the format, or the CheckpointError's message."""
-    from bio_megatron.interchange.megatron_lm import import_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import import_megatron_lm
     from bio_megatron.utils.errors import CheckpointError
 
     try:
@@ -193,7 +193,7 @@ def _try_import(root: str, out: str, vocab: str) -> str:
 
 def test_common_pt_of_older_megatron_core_is_read(saved, tmp_path):
     """megatron-core <= 0.13 wrote the common state to common.pt; it wins over the shards, as in megatron-core."""
-    from bio_megatron.interchange.megatron_core_dist import _common_state, _metadata
+    from bio_megatron.formats.megatron_lm.dist import _common_state, _metadata
 
     root, it = _copy(saved, tmp_path)
     common = _common_state(it, _metadata(it))

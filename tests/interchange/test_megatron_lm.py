@@ -40,7 +40,7 @@ def _batch(vocab: int):
 
 def _outputs(ckpt) -> tuple[torch.Tensor, torch.Tensor | None, dict, int]:
     """(MLM logits over the real vocabulary at valid positions, NSP logits, full TP1 state, vocab size)."""
-    from bio_megatron.interchange.verify import load_pretraining
+    from bio_megatron.formats.verify import load_pretraining
 
     model, m, tok = load_pretraining(ckpt)
     ids, mask, types = _batch(tok.vocab_size)
@@ -57,7 +57,7 @@ def _outputs(ckpt) -> tuple[torch.Tensor, torch.Tensor | None, dict, int]:
 def _via_transformers(ckpt: str, out: str) -> dict:
     from transformers import MegatronBertForPreTraining
 
-    from bio_megatron.interchange.megatron_lm import export_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import export_megatron_lm
 
     summary = export_megatron_lm(ckpt, out, tp=1)
     shard = Path(out) / "release" / "mp_rank_00" / "model_optim_rng.pt"
@@ -85,7 +85,7 @@ def test_transformers_converter_reads_our_export(ours, tmp_path):
 
 # --- round trip and every checkpoint_version ------------------------------------------------------------
 def _load(path: Path) -> dict:
-    from bio_megatron.interchange.safe_load import safe_torch_load
+    from bio_megatron.formats.safe_load import safe_torch_load
 
     return safe_torch_load(path)
 
@@ -142,7 +142,7 @@ def _rewrite(src: Path, dst: Path, version: int, tp: int, pp: int, binary: bool)
                 lm_out["encoder"] = stage
             out = {"language_model": lm_out, **out}
             if version == 2:
-                from bio_megatron.interchange.megatron_lm_state import flatten
+                from bio_megatron.formats.megatron_lm.state import flatten
                 out = flatten(out)
             record = {"model": out, "args": argparse.Namespace(**args), "iteration": 5}
             if version > 0:  # files from before checkpoint_version existed are version 0
@@ -154,7 +154,7 @@ def _rewrite(src: Path, dst: Path, version: int, tp: int, pp: int, binary: bool)
 
 
 def _roundtrip_and_versions(ckpt: str, root: str) -> dict:
-    from bio_megatron.interchange.megatron_lm import export_megatron_lm, import_megatron_lm
+    from bio_megatron.formats.megatron_lm.convert import export_megatron_lm, import_megatron_lm
 
     root_p = Path(root)
     ref_lm, ref_bin, ref_state, _ = _outputs(ckpt)

@@ -33,7 +33,7 @@ def _members(path: Path) -> list[str]:
 
 
 def _layouts(ckpt: str, root: str) -> dict:
-    from bio_megatron.interchange.nemo import export_nemo, import_nemo
+    from bio_megatron.formats.nemo.convert import export_nemo, import_nemo
 
     root_p = Path(root)
     ref_lm, ref_bin, ref_state, _ = _outputs(ckpt)
@@ -113,7 +113,7 @@ def _nemo_tiny_names(vocab_rows: int, positions: int) -> dict[str, tuple | None]
 def test_names_and_config_are_nemos(ours, tmp_path):
     from omegaconf import OmegaConf
 
-    from bio_megatron.interchange.safe_load import safe_torch_load
+    from bio_megatron.formats.safe_load import safe_torch_load
 
     archive = tmp_path / "m.nemo"
     subprocess.run([sys.executable, "-m", "bio_megatron", "export", "nemo", "--checkpoint", str(ours), "--out",
@@ -133,7 +133,7 @@ def test_names_and_config_are_nemos(ours, tmp_path):
 
 
 def _ner_roundtrip(ckpt: str, root: str) -> dict:
-    from bio_megatron.interchange.nemo import export_nemo, import_nemo
+    from bio_megatron.formats.nemo.convert import export_nemo, import_nemo
     from bio_megatron.loading.finetuned import load_finetuned
     from bio_megatron.predict.ner import predict_entities
 

@@ -51,7 +51,7 @@ def _archive(path: Path) -> tuple[dict, dict[str, dict], dict[str, str]]:
 def _without_dataset(path: Path, out: Path) -> Path:
     import yaml
 
-    from bio_megatron.interchange import nemo_archive as arc
+    from bio_megatron.formats.nemo import archive as arc
 
     with arc.extracted(path) as root:
         cfg = yaml.safe_load((root / arc.CONFIG).read_text())
@@ -76,7 +76,7 @@ def _weights_equal(a, b) -> list[str]:
 
 
 def _roundtrip(task: str, ckpt: str, root: str, tp: int, pp: int) -> dict:
-    from bio_megatron.interchange.nemo import export_nemo, import_nemo
+    from bio_megatron.formats.nemo.convert import export_nemo, import_nemo
     from bio_megatron.loading.finetuned import load_finetuned
 
     root_p = Path(root)

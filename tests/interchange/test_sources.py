@@ -44,8 +44,8 @@ def archive(tmp_path_factory) -> dict:
 
 def _import_verify(nemo: str, out: str, tolerance: float) -> dict:
     from bio_megatron.cli.convert import run_import_nemo
-    from bio_megatron.interchange.nemo import read_nemo
-    from bio_megatron.interchange.verify_nemo import verify_nemo_import
+    from bio_megatron.formats.nemo.convert import read_nemo
+    from bio_megatron.formats.nemo.verify import verify_nemo_import
 
     buf = io.StringIO()
     ns = argparse.Namespace(model=nemo, out=out, num_attention_heads=None, overwrite=False, verify=True,
@@ -120,8 +120,8 @@ def _megatron_lm_source(root: str) -> dict:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.vocab.builtin import resolve_vocab
-    from bio_megatron.interchange.megatron_lm import TRACKER, _megatron_args
-    from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
+    from bio_megatron.formats.megatron_lm.convert import TRACKER, _megatron_args
+    from bio_megatron.formats.megatron_lm.state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.loading.finetuned import single_process

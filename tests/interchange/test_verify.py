@@ -30,8 +30,8 @@ def _write_source(root: str) -> int:
     the perturbed full state it was made from (``full.pt``), the reference's input."""
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.vocab.builtin import resolve_vocab
-    from bio_megatron.interchange.megatron_lm import TRACKER, _megatron_args
-    from bio_megatron.interchange.megatron_lm_state import mcore_to_legacy_shards
+    from bio_megatron.formats.megatron_lm.convert import TRACKER, _megatron_args
+    from bio_megatron.formats.megatron_lm.state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.loading.finetuned import single_process
@@ -82,7 +82,7 @@ def _cli(source: dict, out: str, tolerance: float) -> tuple[int, dict]:
 
 
 def test_fixed_batch_is_padded():
-    from bio_megatron.interchange.verify import fixed_batch
+    from bio_megatron.formats.verify import fixed_batch
 
     ids, mask, types = fixed_batch(1000, 512)
     assert mask.sum(1).tolist() == [24, 16, 8] and (ids[mask == 0] == 0).all()
@@ -103,15 +103,15 @@ def test_verify_passes_and_cli_exits_1_above_tolerance(source, tmp_path):
 
 
 def _reference(source: dict, state=None, eps=1e-5):
-    from bio_megatron.interchange.verify import hf_reference
+    from bio_megatron.formats.verify import hf_reference
 
     return hf_reference(state or torch.load(source["full"]), _model_config().shape(), source["vocab"],
                         binary_head=True, layernorm_epsilon=eps, max_position_embeddings=MAX_POS)
 
 
 def _three_verifications(source: dict, out: str) -> tuple[dict, dict, dict]:
-    from bio_megatron.interchange.megatron_lm import import_megatron_lm
-    from bio_megatron.interchange.verify import verify_import
+    from bio_megatron.formats.megatron_lm.convert import import_megatron_lm
+    from bio_megatron.formats.verify import verify_import
 
     import_megatron_lm(Path(source["mlm"]), Path(out))
     good = verify_import(_reference(source), Path(out))

@@ -39,8 +39,8 @@ def _cli_child(argv: list[str], tmpdir: str) -> dict:
     import time
 
     import bio_megatron.export.hf  # noqa: F401  (imports are not what is measured)
-    import bio_megatron.interchange.megatron_lm  # noqa: F401
-    import bio_megatron.interchange.nemo  # noqa: F401
+    import bio_megatron.formats.megatron_lm.convert  # noqa: F401
+    import bio_megatron.formats.nemo.convert  # noqa: F401
     from bio_megatron.cli import main
     from reliability.cli_log import project_records
 

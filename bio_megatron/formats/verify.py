@@ -9,7 +9,7 @@ whose ``verified`` is false when the largest absolute difference exceeds the tol
 
 How another importer uses it (``import hf`` / ``import nemo``)::
 
-    from bio_megatron.interchange.verify import verify_import, hf_reference
+    from bio_megatron.formats.verify import verify_import, hf_reference
     reference = hf_reference(full_tp1_state, shape, vocab_size, binary_head=..., layernorm_epsilon=...)
     #  ... or any callable (input_ids, attention_mask, token_type_ids) -> {"mlm": [B,S,V], "nsp": [B,2]}
     report = verify_import(reference, written_checkpoint, source="nemo model_weights.ckpt via transformers")

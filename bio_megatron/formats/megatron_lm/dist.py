@@ -18,7 +18,7 @@ names (``embedding.word_embeddings.weight``, ``encoder.layers.self_attention.lin
 run used. Optimizer and RNG entries sit beside them and are not read.
 
 Reading: ``.metadata`` through the allow-list unpickler of :mod:`bio_megatron.training.integrity`, the
-common state through :func:`~bio_megatron.interchange.safe_load.safe_torch_load` (its pickle names
+common state through :func:`~bio_megatron.formats.safe_load.safe_torch_load` (its pickle names
 ``argparse.Namespace`` and megatron enums, which torch's plain weights-only list refuses), then only the
 model tensors through ``torch.distributed.checkpoint.load`` at their full shape in this one process
 (dist-checkpointing reshards: TP1 whatever the saved layout), with :func:`integrity.restricted_loading`.
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.interchange.megatron_lm_state import args_problems, shape_of_state
-from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.formats.megatron_lm.state import args_problems, shape_of_state
+from bio_megatron.formats.safe_load import safe_torch_load
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
@@ -180,7 +180,7 @@ def _load_tensors(it: Path, meta) -> dict[str, torch.Tensor]:
 
 
 def read_dist(path: Path, it: Path, num_attention_heads: int | None = None) -> dict:
-    """A torch_dist checkpoint as :func:`~bio_megatron.interchange.megatron_lm.read_megatron_lm` returns it."""
+    """A torch_dist checkpoint as :func:`~bio_megatron.formats.megatron_lm.convert.read_megatron_lm` returns it."""
     where = str(it)
     meta = _metadata(it)
     common = _common_state(it, meta)

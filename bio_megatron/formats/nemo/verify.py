@@ -1,10 +1,10 @@
 """``import nemo --verify``: the archive's weights run by transformers vs the imported checkpoint.
 
 NeMo itself is not installed here, so the reference is transformers' Megatron BERT holding the encoder
-weights as :func:`~bio_megatron.interchange.nemo.read_nemo` read them from the archive (before our engine
+weights as :func:`~bio_megatron.formats.nemo.convert.read_nemo` read them from the archive (before our engine
 saw them): a misread QKV layout, epsilon, token-type fold or vocabulary padding shows as a logit
 difference. Pretraining archives compare MLM (and NSP) logits through ``MegatronBertForPreTraining``
-(:func:`~bio_megatron.interchange.verify.hf_reference`). Task archives compare the encoder's last hidden
+(:func:`~bio_megatron.formats.verify.hf_reference`). Task archives compare the encoder's last hidden
 states (``MegatronBertModel``) and the head's logits; their head is the paper's MLP, which transformers has no
 class for, so the reference applies a copy of our head module loaded with the archive's head tensors to
 transformers' hidden states (the comparison then proves the head weights and label order came across).
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from bio_megatron.interchange.verify import FP32_TOLERANCE, Forward, hf_reference, verify_import
+from bio_megatron.formats.verify import FP32_TOLERANCE, Forward, hf_reference, verify_import
 from bio_megatron.utils.errors import CheckpointError
 
 
@@ -53,7 +53,7 @@ def _encoder_reference(src: dict, vocab: int) -> nn.Module:
 
 
 def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | None = None) -> dict:
-    """The report of :func:`~bio_megatron.interchange.verify.verify_import` for an archive read by ``read_nemo``
+    """The report of :func:`~bio_megatron.formats.verify.verify_import` for an archive read by ``read_nemo``
     and the checkpoint ``import nemo`` wrote from it."""
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.loading.finetuned import single_process

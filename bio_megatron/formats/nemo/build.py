@@ -47,10 +47,10 @@ def _dataset_from_nemo(m, task: str, cfg: dict, positions: int, where: str) -> N
 
 
 def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool, verify=None) -> dict | None:
-    """Our model filled with ``src`` (from :func:`~bio_megatron.interchange.nemo.read_nemo`), saved to ``out``;
-    ``verify(tmp)`` checks it before it is moved there (:func:`~bio_megatron.interchange.verify.save_verified`:
+    """Our model filled with ``src`` (from :func:`~bio_megatron.formats.nemo.convert.read_nemo`), saved to ``out``;
+    ``verify(tmp)`` checks it before it is moved there (:func:`~bio_megatron.formats.verify.save_verified`:
     above tolerance nothing is written). Returns the verify report, or None."""
-    from bio_megatron.interchange.verify import save_verified
+    from bio_megatron.formats.verify import save_verified
     from bio_megatron.config.finetune import CONFIG_CLASSES
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.models.bert import build_model
@@ -123,7 +123,7 @@ def load_for_export(checkpoint: str | Path) -> ModelState:
     """Our checkpoint (pretraining or fine-tuned, any saved layout) at TP1, refused unless NeMo's Megatron BERT
     holds it (pre-LN megatron_bert: NeMo's post_ln block is another model)."""
     from bio_megatron.formats.ours import read_ours
-    from bio_megatron.interchange.megatron_lm import megatron_bert_only
+    from bio_megatron.formats.megatron_lm.convert import megatron_bert_only
 
     return read_ours(checkpoint, accept=megatron_bert_only("NeMo's Megatron BERT"))
 

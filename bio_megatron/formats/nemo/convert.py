@@ -2,7 +2,7 @@
 
 Import reads NeMo 1.x-2.4 ``MegatronBertModel`` archives and the task models whose encoder is Megatron BERT
 (``TokenClassificationModel`` -> ner, ``BERTQAModel``/``QAModel`` -> qa, ``TextClassificationModel`` -> re):
-``model_config.yaml`` (OmegaConf), the weights in every layout of :mod:`~bio_megatron.interchange.nemo_archive`,
+``model_config.yaml`` (OmegaConf), the weights in every layout of :mod:`~bio_megatron.formats.nemo.archive`,
 the WordPiece vocabulary artifact, and for task models the ``classifier`` head and the label map
 (``label_ids`` in the config, else the ``label_ids.csv`` artifact). The result is a model-only checkpoint of
 ours (TP1; loadable at any layout), which ``finetune``/``predict`` use like any other.
@@ -28,10 +28,10 @@ import torch
 import yaml
 
 from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.interchange import nemo_archive as arc
-from bio_megatron.interchange.nemo_state import (PRETRAIN_PREFIX, TASK_PREFIX, dist_to_ours, ours_to_dist,
+from bio_megatron.formats.nemo import archive as arc
+from bio_megatron.formats.nemo.state import (PRETRAIN_PREFIX, TASK_PREFIX, dist_to_ours, ours_to_dist,
                                                  ours_to_shards, shards_to_ours)
-from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.formats.safe_load import safe_torch_load
 from bio_megatron.utils.errors import CheckpointError, OutputError
 from bio_megatron.utils.io import atomic_path, check_output_dir, check_output_file
 from bio_megatron.utils.log import get_logger
@@ -71,7 +71,7 @@ def _setting(cfg: dict, key: str, default=None):
 
 def _shape_bytes(cfg: dict) -> int | None:
     """What an archive of this config's encoder can hold (fp32 weights; the vocabulary, which the config does not
-    give, at its largest), for :func:`~bio_megatron.interchange.nemo_archive.extracted`; None if it names no shape."""
+    give, at its largest), for :func:`~bio_megatron.formats.nemo.archive.extracted`; None if it names no shape."""
     from bio_megatron.loading.archives import shape_bound
 
     values = {k: _setting(cfg, k) for k in ("hidden_size", "num_layers", "ffn_hidden_size", "max_position_embeddings")}
@@ -168,7 +168,7 @@ def _head_settings(task: str, cfg: dict, head: dict, hidden: int) -> dict:
 
 def read_nemo(path: str | Path, num_attention_heads: int | None = None) -> dict:
     """A ``.nemo`` as our full TP1 state, task head, shape, vocabulary text, label map and settings."""
-    from bio_megatron.interchange.megatron_lm_state import shape_of_state
+    from bio_megatron.formats.megatron_lm.state import shape_of_state
 
     where = str(path)
     with arc.extracted(path, _shape_bytes) as root:
@@ -228,12 +228,12 @@ def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | N
                 overwrite: bool = False, verify: bool = False, tolerance: float | None = None) -> dict:
     """Write a BioMegatron checkpoint (TP1, model only; loadable at any layout) from a ``.nemo`` archive.
     ``verify``: the archive's weights in transformers vs the written checkpoint
-    (:mod:`~bio_megatron.interchange.verify_nemo`); the result's ``verify`` holds the max logit difference."""
-    from bio_megatron.interchange.nemo_build import build_and_save
+    (:mod:`~bio_megatron.formats.nemo.verify`); the result's ``verify`` holds the max logit difference."""
+    from bio_megatron.formats.nemo.build import build_and_save
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before unpacking gigabytes
     src = read_nemo(model, num_attention_heads)
-    from bio_megatron.interchange.verify_nemo import verify_nemo_import
+    from bio_megatron.formats.nemo.verify import verify_nemo_import
 
     # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
     report = build_and_save(src, out, IMPORT_COMMAND, overwrite,
@@ -255,7 +255,7 @@ def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | N
 def export_nemo(checkpoint: str | Path, out: str | Path, tp: int = 1, pp: int = 1, mcore: bool = False,
                 overwrite: bool = False) -> dict:
     """Write ``out`` (a ``.nemo`` file) from our checkpoint (pretraining or fine-tuned, any saved layout)."""
-    from bio_megatron.interchange.nemo_build import head_caveats, load_for_export, nemo_config
+    from bio_megatron.formats.nemo.build import head_caveats, load_for_export, nemo_config
 
     out = Path(out)
     check_output_file(out)

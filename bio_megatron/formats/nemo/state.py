@@ -11,7 +11,7 @@ bert_model.py`` (NeMo 2.4), is Megatron-LM's legacy module tree under the attrib
     model.lm_head.{bias, dense.*, layernorm.*}        model.binary_head.*
     model.word_embeddings.weight                      (last pipeline stage, PP > 1: the tied copy)
 
-so the Megatron-LM mapping of :mod:`~bio_megatron.interchange.megatron_lm_state` is reused, not restated.
+so the Megatron-LM mapping of :mod:`~bio_megatron.formats.megatron_lm.state` is reused, not restated.
 megatron-core's parallel linears add ``<module>._extra_state`` (None) entries, which NeMo writes and
 tolerates when absent. Task models nest the encoder under ``bert_model.`` (NeMo 1.x: ``bert_model.
 language_model``, 2.x: ``bert_model.model.language_model``) and name the head ``classifier.mlp.layerK``,
@@ -29,7 +29,7 @@ import re
 
 import torch
 
-from bio_megatron.interchange.megatron_lm_state import (flatten, legacy_to_mcore, mcore_to_legacy_shards, merge_pp,
+from bio_megatron.formats.megatron_lm.state import (flatten, legacy_to_mcore, mcore_to_legacy_shards, merge_pp,
                                                        merge_tp, split_dim)
 from bio_megatron.models.hf_convert import TE_ALIASES
 from bio_megatron.utils.errors import CheckpointError

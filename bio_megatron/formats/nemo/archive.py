@@ -29,7 +29,7 @@ from typing import Iterator
 
 import torch
 
-from bio_megatron.interchange.safe_load import safe_torch_load
+from bio_megatron.formats.safe_load import safe_torch_load
 from bio_megatron.loading.archives import ENV_LIMIT, MAX_MEMBERS, archive_limit
 from bio_megatron.utils.errors import CheckpointError
 

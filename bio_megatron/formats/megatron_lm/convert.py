@@ -8,9 +8,9 @@ What Megatron-LM (and NGC, for BioMegatron and Megatron BERT 345m) ships::
         mp_rank_TT_PPP/model_optim_rng.pt       ... and pipeline stage
     MegatronBERT.pt, or a .zip around release/mp_rank_00/model_optim_rng.pt   (a single TP1 file)
 
-Each file holds ``model`` (see :mod:`bio_megatron.interchange.megatron_lm_state`), ``args`` (the training
+Each file holds ``model`` (see :mod:`bio_megatron.formats.megatron_lm.state`), ``args`` (the training
 ``argparse.Namespace``: shape, padded vocabulary size, activation, ...), ``checkpoint_version`` (the QKV
-layout) and ``iteration``; every file is read through :func:`~bio_megatron.interchange.safe_load.safe_torch_load`.
+layout) and ``iteration``; every file is read through :func:`~bio_megatron.formats.safe_load.safe_torch_load`.
 
 Import reads the shape from ``args`` (and the weights where ``args`` is absent, as in the oldest files),
 refuses what the engine cannot compute exactly (CheckpointError naming the setting), merges the TP/PP shards,
@@ -34,10 +34,10 @@ import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.formats.state import VOCAB_ROWS
-from bio_megatron.interchange.megatron_lm_state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
+from bio_megatron.formats.megatron_lm.state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
                                                        mcore_to_legacy_shards, merge_pp, merge_tp, shape_of_state)
-from bio_megatron.interchange.safe_load import safe_torch_load
-from bio_megatron.interchange.verify import save_verified
+from bio_megatron.formats.safe_load import safe_torch_load
+from bio_megatron.formats.verify import save_verified
 from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
 from bio_megatron.loading.source import Source
 from bio_megatron.utils.errors import CheckpointError
@@ -118,7 +118,7 @@ def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -
     """A Megatron-LM legacy checkpoint as ``{"state": our full TP1 state, "shape": ModelConfig fields, ...}``."""
     path = Path(path)
     if path.is_dir():
-        from bio_megatron.interchange.megatron_core_dist import is_dist_checkpoint, read_dist
+        from bio_megatron.formats.megatron_lm.dist import is_dist_checkpoint, read_dist
 
         it = _iteration_dir(path)
         if is_dist_checkpoint(it):  # torch_dist (Megatron-LM's default --ckpt-format)
@@ -219,7 +219,7 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
     load_full_state(model, full)
     reference = None
     if verify:  # built from the source's weights before our engine saved (and reloads) them
-        from bio_megatron.interchange.verify import hf_reference
+        from bio_megatron.formats.verify import hf_reference
 
         reference = hf_reference(full, m.shape(), tok.vocab_size, binary_head=binary,
                                  layernorm_epsilon=m.layernorm_epsilon,
@@ -236,7 +236,7 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
              "task": None, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "megatron_lm": info})
 
     def check(tmp: Path) -> dict:
-        from bio_megatron.interchange.verify import FP32_TOLERANCE, verify_import
+        from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
 
         return verify_import(reference, tmp, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
                              source=f"{where} via transformers MegatronBertForPreTraining")
