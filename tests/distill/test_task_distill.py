@@ -133,29 +133,38 @@ def test_dry_run_checks_a_good_teacher_and_writes_nothing(ner, tmp_path: Path) -
     assert not (tmp_path / "run").exists()
 
 
-def _other_task_rank(task: str, over: list[str]) -> list[float]:
-    from finetune.ft_runs import finetune_rank
+def _task_rank(task: str, over: list[str]) -> dict:
+    """``finetune <task>`` on its tiny recipe (classify: HoC, multi-label, or DDI, single-label)."""
+    import os
 
-    return finetune_rank(task, over)["losses"]
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.tasks.finetune import run_finetuning
+
+    os.chdir(ROOT)
+    name = "classify" if task in ("hoc", "ddi") else task
+    recipe = ROOT / "nemo_configs" / name / f"tiny_{name}.yaml"
+    res = run_finetuning(load_finetune_config(name, recipe, over, int(os.environ["WORLD_SIZE"])))
+    return {"checkpoint": res["checkpoint"], "losses": [h["loss"] for h in res["history"] if "loss" in h]}
 
 
-OTHER = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0",
-         "model.dataset.max_eval_examples=8"]
+OTHER = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.hidden_dropout=0.0",
+         "model.attention_dropout=0.0", "model.dataset.max_eval_examples=8"]
+CLASSIFY = {"hoc": ["model.dataset.task_name=hoc", f"model.dataset.data_dir={ROOT / 'tests/fixtures/blurb/HoC'}"],
+            "ddi": ["model.dataset.task_name=ddi", f"model.dataset.data_dir={ROOT / 'tests/fixtures/blurb/DDI'}"]}
 
 
-@pytest.mark.parametrize("task", ["qa", "re"])
-def test_span_and_relation_students_distil_with_tp2_equal_to_tp1(task: str, tmp_path: Path) -> None:
-    """QA (start and end logits over the real tokens) and RE (a label distribution per example) end to end on their
-    tiny recipes: a 2-layer student of a fine-tuned 4-layer teacher; the teacher changes the losses, TP2 = TP1."""
-    from finetune.ft_runs import finetune_rank
-
-    (teacher,) = run_world(1, finetune_rank, task, [*OTHER, f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=t"])
-    student = [*OTHER, f"exp_manager.exp_dir={tmp_path}", "model.num_layers=2"]
-    (alone,) = run_world(1, _other_task_rank, task, [*student, "exp_manager.name=alone"])
+@pytest.mark.parametrize("task", ["qa", "re", "hoc", "ddi"])
+def test_other_tasks_distil_with_tp2_equal_to_tp1(task: str, tmp_path: Path) -> None:
+    """QA (start and end logits over the real tokens), RE and DDI (a label distribution per example) and HoC (a
+    Bernoulli per label) end to end on their tiny recipes: a 2-layer student of a fine-tuned 4-layer teacher; the
+    teacher changes the losses, TP2 = TP1."""
+    base = [*OTHER, *CLASSIFY.get(task, []), f"exp_manager.exp_dir={tmp_path}"]
+    (teacher,) = run_world(1, _task_rank, task, [*base, "exp_manager.name=t"])
+    student = [*base, "model.num_layers=2"]
+    (alone,) = run_world(1, _task_rank, task, [*student, "exp_manager.name=alone"])
     with_teacher = [*student, f"model.teacher.restore_from_path={teacher['checkpoint']}"]
-    (tp1,) = run_world(1, _other_task_rank, task, [*with_teacher, "exp_manager.name=tp1"])
-    tp2 = run_world(2, _other_task_rank, task, [*with_teacher, "exp_manager.name=tp2",
-                                                "model.tensor_model_parallel_size=2"])
-    assert len(tp1) == 3 and abs(tp1[0] - alone[0]) > 1e-4, (tp1, alone)  # the KL term is in the loss
-    for losses in tp2:
-        assert max(abs(a - b) for a, b in zip(losses, tp1)) < 1e-5, (losses, tp1)
+    (tp1,) = run_world(1, _task_rank, task, [*with_teacher, "exp_manager.name=tp1"])
+    tp2 = run_world(2, _task_rank, task, [*with_teacher, "exp_manager.name=tp2", "model.tensor_model_parallel_size=2"])
+    assert len(tp1["losses"]) == 3 and abs(tp1["losses"][0] - alone["losses"][0]) > 1e-4, (tp1, alone)  # KL in
+    for r in tp2:
+        assert max(abs(a - b) for a, b in zip(r["losses"], tp1["losses"])) < 1e-5, (r["losses"], tp1["losses"])
