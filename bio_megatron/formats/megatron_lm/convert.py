@@ -261,7 +261,10 @@ def megatron_bert_only(holder: str) -> Callable[[Source], None]:
     (``holder`` names it): any other family is refused before a weight is read."""
 
     def accept(src: Source) -> None:
-        family, block = src.shape.get("family"), src.shape.get("transformer_block_type", "pre_ln")
+        from bio_megatron.families import family_named
+
+        family = src.shape.get("family")
+        block = src.shape.get("transformer_block_type") or family_named(family).block_type  # unrecorded: the family's
         if family != "megatron_bert" or block != "pre_ln":
             raise CheckpointError(f"{src.path}: a {family} model ({block}); {holder} holds the megatron_bert "
                                   "family only (pre-LN)")
