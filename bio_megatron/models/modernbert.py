@@ -37,22 +37,19 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
-from megatron.core import tensor_parallel
 from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import ModelType
-from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
-from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.attention import is_packed, packed_attention_mask, packed_position_ids
-from bio_megatron.models.bert import mask_padded_vocab, transformer_config
+from bio_megatron.models.bert import transformer_config
+from bio_megatron.models.tied_mlm import TiedMLMModel, on_device
 from bio_megatron.utils.errors import ConfigError
 
 __all__ = ["BiasFreeLayerNorm", "ModernBertModel", "ModernBertTaskHead", "RopeSelfAttention",
@@ -232,35 +229,17 @@ def attention_mask_for(padding_mask: torch.Tensor) -> torch.Tensor:
     return (mask.unsqueeze(2) * mask.unsqueeze(3)) < 0.5
 
 
-class ModernBertModel(MegatronModule):
+class ModernBertModel(TiedMLMModel):
     """ModernBERT for MLM pretraining at TP x DP (PP 1), called as megatron-core's ``BertModel``:
     ``forward(input_ids, attention_mask, tokentype_ids, lm_labels)`` returns the per-token MLM loss [b, s] (or,
     without labels, this rank's vocabulary slice of the logits [b, s, V/TP]) and None (no NSP)."""
 
     def __init__(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32):
-        super().__init__(config=modernbert_transformer_config(m, dtype))
-        if m.pipeline_model_parallel_size != 1:
-            raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
-        self.model_type = ModelType.encoder_or_decoder
-        self.pre_process = self.post_process = True
-        self.share_embeddings_and_output_weights = True
-        self.true_vocab_size = vocab_size
-        self.vocab_size = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+        super().__init__(modernbert_transformer_config(m, dtype), m, vocab_size, "modernbert")
         self.embedding = ModernBertEmbedding(self.config, self.vocab_size, m.max_position_embeddings)
         self.encoder = TransformerBlock(config=self.config, spec=block_spec(m), pre_process=True, post_process=True)
         self.lm_head = ModernBertHead(self.config)
-        self.output_layer = tensor_parallel.ColumnParallelLinear(
-            self.config.hidden_size, self.vocab_size, config=self.config, init_method=self.config.init_method,
-            bias=True, skip_bias_add=False, gather_output=False, skip_weight_param_allocation=True)
-
-    def set_input_tensor(self, input_tensor) -> None:
-        """megatron-core's schedules call this with the previous stage's output: always None here (PP 1)."""
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        sd = super().sharded_state_dict(prefix, sharded_offsets, metadata)
-        # the vocabulary padding (a multiple of 128 x TP) changes with TP: the bias reshards as the word table does
-        sd[f"{prefix}output_layer.bias"].allow_shape_mismatch = True
-        return sd
+        self.make_output_layer(self.config.hidden_size, self.config)  # H wide, tied to the word embeddings
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """The final-normed hidden states [s, b, H]. A packed batch (``data/packing.py``: the padding mask numbers
@@ -276,22 +255,12 @@ class ModernBertModel(MegatronModule):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokentype_ids: torch.Tensor | None = None,
                 lm_labels: torch.Tensor | None = None):
         hidden = self.encode(input_ids, attention_mask)
-        logits, _ = self.output_layer(self.lm_head(hidden), weight=self.embedding.word_embeddings.weight)
-        logits = mask_padded_vocab(logits, self.true_vocab_size)
-        if lm_labels is None:
-            return logits.transpose(0, 1).contiguous(), None
-        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lm_labels.transpose(0, 1).contiguous())
-        return loss.transpose(0, 1).contiguous(), None
+        return self.mlm_output(self.lm_head(hidden), lm_labels), None
 
 
 def build_modernbert_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32) -> ModernBertModel:
     """This rank's ModernBERT (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
-    model = ModernBertModel(m, vocab_size, dtype)
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
+    return on_device(ModernBertModel(m, vocab_size, dtype), dtype)
 
 
 def modernbert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,

@@ -1,5 +1,5 @@
-"""What the one-stage encoder families built outside megatron-core's ``BertModel`` share (ALBERT; ModernBERT
-holds a copy of the same parts): the attributes megatron-core's schedules and DDP read, a vocab-parallel MLM output
+"""What the one-stage encoder families built outside megatron-core's ``BertModel`` share (ALBERT and ModernBERT
+subclass it): the attributes megatron-core's schedules and DDP read, a vocab-parallel MLM output
 layer tied to the word embeddings with the padded vocabulary kept out of the softmax, the checkpoint tweak that
 lets that layer's bias reshard across TP, and placing a built model on its device and dtype.
 
