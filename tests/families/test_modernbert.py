@@ -230,9 +230,9 @@ def _packed_vs_separate(ckpt: str) -> dict:
 
 def test_packed_documents_do_not_attend_across(modernbert):
     """A packed row (block-diagonal attention; rotary positions restart per document, though rotary scores depend
-    on distances only) gives each document's tokens the logits they have alone: rows from data/packing.py would
-    train ModernBERT without cross-document attention (its config still refuses model.data.packing:
-    config/packing.py)."""
+    on distances only) gives each document's tokens the logits they have alone: the rows data/packing.py makes
+    (model.data.packing: documents, objective mlm) train ModernBERT without cross-document attention
+    (test_modernbert_packing.py runs that pretraining)."""
     root, _ = modernbert
     (res,) = run_world(1, _packed_vs_separate, str(root / "ckpt"))
     assert res["scale"] > 1.0 and res["diff"] < 1e-4, res
