@@ -9,7 +9,9 @@ same examples (our task reader's, ``model.dataset.max_train_examples`` of them),
   Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast`` for bf16. Each side lives in a
   process of its own (``spawn``: as ``bench/hf_process.py`` explains, one heap would couple them) and the parent
   alternates their timed steps (ours, theirs, then theirs, ours, ...) so that other jobs' load weighs on both;
-  examples/s from the mean step time.
+  examples/s from the mean step time. With ``--packing`` our side packs each micro-batch's examples into shared
+  rows (``model.dataset.packing``: the same examples, losses and update, fewer padded positions) while transformers
+  keeps the padded batch its Trainer would build; the JSON counts the token positions each side ran.
 * **epoch**: one epoch end to end, each side a fresh process as users run it: ``bio-megatron finetune`` (reading
   the files, tokenizing, training, the dev evaluation, saving the checkpoint) against
   :mod:`bio_megatron.bench.hf_baseline` (the same examples, tokenizing, training, dev predictions,
@@ -65,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-epoch", action="store_true", help="only the step benchmark")
     parser.add_argument("--epoch-rounds", type=int, default=1,
                         help="epoch runs per side, alternating which goes first; the best of each is kept (default 1)")
+    parser.add_argument("--packing", action="store_true",
+                        help="our side packs each micro-batch's examples into shared rows (model.dataset.packing=true); "
+                        "transformers gets the same examples padded, as its Trainer does")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default 1)")
     parser.add_argument("--json", default=None, help="write the results here (atomically)")
 
@@ -105,6 +110,8 @@ def overrides(args: argparse.Namespace, task: str, folder: Path, train: str, dev
             "model.optim.weight_decay=0.0", "trainer.gradient_clip_val=1.0", "model.hidden_dropout=0.1",
             "model.attention_dropout=0.1", f"exp_manager.exp_dir={exp_dir}", f"exp_manager.name=ours_{task}",
             "exp_manager.create_tensorboard_logger=false"]
+    if args.packing:  # the same examples and losses, fewer padded tokens (tasks/packing.py)
+        over.append("model.dataset.packing=true")
     if task == "ner":
         return over + ["model.head.num_fc_layers=1", "model.head.fc_dropout=0.1", "model.dataset.format=iob",
                        "model.dataset.ignore_extra_tokens=true"]
@@ -160,7 +167,7 @@ def _hf_side(spec: dict, get_plan) -> Any:
     opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0, fused=True)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=spec["precision"] == "bf16")
     label_key = "labels" if spec["task"] == "ner" else "label"
-    plan = get_plan()
+    plan = get_plan()  # packed or not, a batch keeps the task's own padded keys: those are what HF trains on
     hf_plan = [[{"input_ids": b["input_ids"], "attention_mask": b["attention_mask"],
                  "token_type_ids": b["tokentype_ids"], "labels": b[label_key]} for b in micro] for micro in plan]
 
@@ -272,11 +279,17 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
         ours.close()
         if hf is not None:
             hf.close()
-    seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in plan[args.warmup:]]
-    res: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch,
-                           "mean_padded_length": sum(
-                               micro[0]["input_ids"].shape[1] for micro in plan[args.warmup:]) / args.steps,
+    timed = plan[args.warmup:]
+    seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in timed]
+    res: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "packing": args.packing,
+                           "mean_padded_length": sum(micro[0]["input_ids"].shape[1] for micro in timed) / args.steps,
                            "mean_longest_example": sum(seqs) / len(seqs)}
+    # Token positions each side's encoder ran per step (the real tokens are the same on both): HF's padded batch;
+    # ours the same, or its packed rows.
+    res["positions_per_step"] = {
+        "ours": sum(b.get("packed_input_ids", b["input_ids"]).numel() for micro in timed for b in micro) / args.steps,
+        "transformers": sum(b["input_ids"].numel() for micro in timed for b in micro) / args.steps,
+        "real_tokens": sum(int(b["attention_mask"].sum()) for micro in timed for b in micro) / args.steps}
     for name, ts in times.items():
         mean = sum(ts) / len(ts)
         res[name] = {"step_s": ts, "mean_step_s": mean, "examples_per_s": args.batch / mean}
@@ -353,10 +366,13 @@ def summary_lines(res: dict) -> list[str]:
     for task, r in res["tasks"].items():
         if "step" in r:
             s = r["step"]
-            out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}, "
+            packed = ", ours packed" if s.get("packing") else ""
+            out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}{packed}, "
                        f"{res['precision']}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
                        f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "
-                       f"{s['ratio_examples_per_s']:.2f}x (of median steps: {s['ratio_median_step']:.2f}x)")
+                       f"{s['ratio_examples_per_s']:.2f}x (of median steps: {s['ratio_median_step']:.2f}x)"
+                       + (f"; token positions per step: ours {pos['ours']:.0f}, transformers {pos['transformers']:.0f} "
+                          f"({pos['real_tokens']:.0f} real)" if (pos := s.get("positions_per_step")) else ""))
         if "epoch" in r:
             e = r["epoch"]
             out.append(f"finetune {task} epoch ({e['train_examples']} examples + {e['dev_examples']} dev, whole process): "

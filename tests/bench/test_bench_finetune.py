@@ -49,6 +49,22 @@ def test_bench_finetune_ner_step_and_epoch(tmp_path, capsys):
     assert lines[-1].startswith("finetune model: tiny BERT (seeded")
 
 
+@pytest.mark.extended  # ~16 s (two more processes); the default suite keeps the unpacked NER case
+def test_bench_finetune_packed_step_runs_fewer_positions_on_the_same_examples(tmp_path, capsys):
+    """``--packing``: our side packs (model.dataset.packing) while transformers trains on the same examples padded;
+    both sides see the same real tokens, ours runs fewer positions, and the line says it was packed."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "finetune", "--ner-train", str(NER_TRAIN), "--limit", "16", "--batch", "8", "--steps", "1",
+               "--warmup", "0", "--max-seq-length", "128", "--packing", "--skip-epoch", "--json", str(out)])
+    assert rc == 0
+    step = json.loads(out.read_text())["tasks"]["ner"]["step"]
+    pos = step["positions_per_step"]
+    assert step["packing"] is True and pos["real_tokens"] <= pos["ours"] < pos["transformers"]
+    assert all(step[side]["examples_per_s"] > 0 for side in ("ours", "transformers"))
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("finetune ner step")]
+    assert ", ours packed," in line and f"ours {pos['ours']:.0f}, transformers {pos['transformers']:.0f}" in line
+
+
 @pytest.mark.extended  # the same machinery as the NER case, another head and reader: 4 more processes
 def test_bench_finetune_classify_step_and_epoch(tmp_path, capsys):
     rc = main(["bench", "finetune", "--classify-train", str(GAD), "--limit", "6", "--dev-limit", "6", "--batch", "2",
