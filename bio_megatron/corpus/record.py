@@ -46,7 +46,8 @@ def file_sha256(path: str | os.PathLike, h: Any = None) -> str:
 
 def vocab_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
     """``{"path", "kind", "sha256", "bytes"}`` of a vocabulary: a WordPiece ``vocab.txt`` (its bytes), or a
-    byte-level BPE folder / ``vocab.json`` (the bytes of ``vocab.json`` then ``merges.txt``), or an ALBERT
+    byte-level BPE folder / ``vocab.json`` (the bytes of ``vocab.json`` then ``merges.txt``) or a BPE
+    ``tokenizer.json`` (ModernBERT's one file, its bytes; kind ``bpe`` too), or an ALBERT
     SentencePiece ``.model`` (kind ``sentencepiece``, the file's bytes). Built-in names
     (``bert-base-cased``) resolve to the bundled file. Two vocabularies are the same iff the sha256 agree.
 
@@ -56,8 +57,12 @@ def vocab_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
 
     from bio_megatron.vocab.sentencepiece import spiece_file
 
+    from bio_megatron.vocab.tokenizer_json import TOKENIZER_JSON, is_bpe_tokenizer_json
+
     p = resolve_vocab(path)
     files = bpe_files(p)
+    if files is None and is_bpe_tokenizer_json(p):  # ModernBERT's one-file BPE: its bytes are the vocabulary
+        files = (p / TOKENIZER_JSON if p.is_dir() else p,)
     spiece = spiece_file(p) if files is None else None  # ALBERT's spiece.model: the .model file's bytes
     parts = list(files) if files is not None else [spiece or p]
     kind = "bpe" if files is not None else "sentencepiece" if spiece is not None else "wordpiece"

@@ -29,6 +29,8 @@ ModernBERT exports to the plain class and every such folder imports::
 
     head.dense / head.norm / head.classifier        -> head.dense / head.norm / classifier
 
+HF's ``classifier_dropout`` is the head's dropout: the task block's ``fc_dropout`` at import
+(:meth:`ModernBertFamily.hf_head_settings`) and back at export (:meth:`ModernBertFamily.hf_config`).
 Sequence classification pools the [CLS] position (``classifier_pooling: cls``); a folder with ``mean`` pooling is
 refused by name at import (our heads see the hidden states, not the padding mask).
 """
@@ -236,6 +238,12 @@ class ModernBertFamily:
     owns_task_heads = True
     """Every fine-tuned ModernBERT has its HF classes' head (``models.heads.build_head``): the plain class always
     computes it, whatever ``model.head`` / ``model.classifier_head`` say (only ``fc_dropout`` applies)."""
+
+    def hf_head_settings(self, task: str, cfg: dict, head: dict) -> dict:
+        """An HF task folder's head (``Source.head``) with its ``classifier_dropout`` (HF's default 0.0), the
+        dropout before the classifier: ``fc_dropout`` of the task's block, which :meth:`hf_config` writes back."""
+        block = "classifier_head" if task in ("re", "classify") else "head"
+        return {**head, block: {**head.get(block, {}), "fc_dropout": float(cfg.get("classifier_dropout", 0.0))}}
 
     def head_to_hf(self, task: str, sd: dict) -> dict:
         return {theirs: sd[ours].detach().clone().contiguous() for ours, theirs in _TASK_HEAD}

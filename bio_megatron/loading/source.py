@@ -118,12 +118,22 @@ def _resolve_hf(path: Path) -> Source:
     if task in ("ner", "re") and cfg.get("id2label"):
         labels = [cfg["id2label"][str(i)] for i in range(len(cfg["id2label"]))]
     head = source_head(arch, cfg, f"{path}/config.json") if task else None
+    if head is not None and hasattr(family, "hf_head_settings"):  # e.g. ModernBERT's classifier_dropout
+        head = family.hf_head_settings(task, cfg, head)
     vocab, lower = _hf_vocab(path)
     if vocab is not None and vocab.suffix == ".txt":
         entries = sum(1 for _ in vocab.open(encoding="utf-8"))
         if entries > cfg.get("vocab_size", entries):  # token ids past the embedding would read zero rows
             raise CheckpointError(f"{path}: the tokenizer has {entries} entries but config.json vocab_size is "
                                   f"{cfg['vocab_size']}: not this model's vocabulary")
+    if vocab is not None and vocab.name == "tokenizer.json":  # the same check for a one-file BPE (ModernBERT's)
+        from bio_megatron.vocab.tokenizer_json import TokenizerJsonBPE
+
+        entries = TokenizerJsonBPE(vocab).vocab_size
+        if entries > cfg.get("vocab_size", entries):
+            raise CheckpointError(f"{vocab}: {entries} tokens but {path}/config.json vocab_size is "
+                                  f"{cfg['vocab_size']}: ids past the embedding have no row; not this model's "
+                                  "vocabulary")
     return Source("hf", path, shape, vocab, labels, task, head=head, lowercase=lower)
 
 
