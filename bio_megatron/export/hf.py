@@ -40,7 +40,8 @@ Every folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2i
 tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf`` (and ``finetune``/
 ``predict`` from an HF folder) read both kinds back with the same head.
 Reading a folder's weights and head back is :mod:`bio_megatron.loading.hf` (``finetune`` and ``predict`` load HF
-folders too); this module writes folders and imports them as checkpoints.
+folders too); this module writes folders, and imports them as checkpoints: :func:`read_hf` gives the folder's
+``ModelState``, which :func:`bio_megatron.formats.ours.write_ours` (the writer every importer shares) saves.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from pathlib import Path
 
 import torch
 
+from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
 from bio_megatron.export.folder_modes import apply_umask_modes
 from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND
 from bio_megatron.export.hf_heads import (head_settings, plain_class, remote_config_fields, remote_head,
@@ -58,15 +60,12 @@ from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_c
 from bio_megatron.families import Family, family_named, family_of_model
 from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
-from bio_megatron.formats.ours import pretraining_config, read_ours
-from bio_megatron.formats.state import ModelState
-from bio_megatron.formats.verify import save_verified
+from bio_megatron.formats.ours import pretraining_config, read_ours, write_ours
+from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.loading.finetuned import load_finetuned, single_process
 from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
 from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_CLASS
-from bio_megatron.loading.model import build_task_model, load_full_state
 from bio_megatron.loading.source import Source, resolve_source
-from bio_megatron.models.heads import build_head
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -223,11 +222,6 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output. ``verify``: the
     folder run by transformers itself vs the written checkpoint (:func:`verify_hf_import`). ``generator``:
     an ELECTRA discriminator's generator folder (:mod:`bio_megatron.export.hf_electra`)."""
-    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
-    from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.models.init import init_weights
-    from bio_megatron.training import checkpoint as ckpt
-
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before converting anything
     src = resolve_source(hf_dir)  # refusals (activation, tokenizer, ...) before any process group exists
     if src.kind != "hf":
@@ -240,41 +234,10 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
         return _folder_pairs()[family.name][1](src, generator, out, overwrite, verify, tolerance)
     if generator is not None:
         raise CheckpointError(f"--generator ({generator}) goes with an ELECTRA discriminator; {hf_dir} is not one")
-    tok = load_tokenizer(src.vocab_file, src.lowercase)  # WordPiece vocab.txt or byte-level BPE vocab.json
-    single_process()
-    if src.task is None:
-        cfg = PretrainConfig(model=ModelConfig(**src.shape, transformer_impl="local"))
-        m = cfg.model
-        padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
-        full = read_hf_state(hf_dir, m.shape(), padded)
-        m.bert_binary_head = "binary_head.weight" in full
-        model = family.build_pretraining_model(m, tok.vocab_size, torch.float32)
-        if "lm_head.dense.weight" not in full:  # a bare encoder (HF BertModel, e.g. MiniLM): fresh MLM head
-            log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", hf_dir)
-            init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
-            fresh = model.state_dict()
-            full.update({k: fresh[k] for k in fresh if k.startswith(("lm_head.", "output_layer.bias"))})
-    else:
-        cfg = task_config_for_hf(src)
-        m = cfg.model
-        for k, v in src.shape.items():
-            setattr(m, k, v)
-        padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
-        head = build_head(src.task, m, m.shape().hidden_size, len(src.labels) if src.labels else 2)
-        model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
-        full = read_hf_state(hf_dir, m.shape(), padded, src.task)
-    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
-    load_full_state(model, full)
-    def save(tmp: Path) -> None:
-        ckpt.save_model_checkpoint(
-            tmp, model, cfg, src.vocab_file,
-            {"imported_from": str(hf_dir), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
-             "task": src.task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": src.labels},
-            files={"label_ids.csv": "\n".join(src.labels) + "\n"} if src.labels else None)
-
-    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
-    check = (lambda tmp: verify_hf_import(hf_dir, tmp, tolerance)) if verify else None
-    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check)
+    state = read_hf(src)
+    check = (lambda tmp, _tensors: verify_hf_import(hf_dir, tmp, tolerance)) if verify else None
+    # a bare encoder's fresh MLM head is seeded as a pretraining run of the default config would be
+    report = write_ours(state, out, IMPORT_COMMAND, overwrite, check, fresh_head_seed=PretrainConfig().trainer.seed)
     result = {"out": str(out), "task": src.task, "labels": src.labels}
     if report is not None:
         result["verify"] = report
@@ -283,6 +246,28 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
             return result
     log.info("imported %s -> %s (task %s)", hf_dir, out, src.task or "pretraining")
     return result
+
+
+def read_hf(src: Source) -> ModelState:
+    """An HF folder (``src``: its :func:`~bio_megatron.loading.source.resolve_source`) as a :class:`ModelState`:
+    the family's pretraining model (its MLM head, + NSP/SOP head when the folder has one), or a task model's encoder
+    and head with its labels, in our TP1 names with the real vocabulary rows."""
+    from bio_megatron.config.sizes import padded_vocab_size
+
+    tok = load_tokenizer(src.vocab_file, src.lowercase)  # WordPiece vocab.txt, byte-level BPE, SentencePiece
+    single_process()
+    if src.task is None:
+        m = ModelConfig(**src.shape, transformer_impl="local")
+    else:
+        m = task_config_for_hf(src).model
+        for k, v in src.shape.items():
+            setattr(m, k, v)
+    padded = padded_vocab_size(tok.vocab_size, m.make_vocab_size_divisible_by, 1)
+    full = unpadded(read_hf_state(src.path, m.shape(), padded, src.task), tok.vocab_size)
+    head = {k: v for k, v in full.items() if k.startswith("head.")}
+    tensors = {k: v for k, v in full.items() if not k.startswith("head.")}
+    return ModelState(tensors, m, src.shape["family"], Path(src.vocab_file), tok.vocab_size, tok.lowercase, src.task,
+                      src.labels, head, {}, str(src.path))
 
 
 def verify_hf_import(hf_dir: str | Path, checkpoint: str | Path, tolerance: float | None = None) -> dict:

@@ -70,7 +70,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.export.hf_files import IMPORT_COMMAND
-    from bio_megatron.formats.verify import save_verified
+    from bio_megatron.formats.ours import save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.loading.hf import read_hf_weights
     from bio_megatron.loading.model import load_full_state

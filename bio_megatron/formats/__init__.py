@@ -1,9 +1,10 @@
 """Checkpoint formats, one place each, around one in-memory value (``state.ModelState``).
 
 ``saved.py`` is the one reader of our checkpoints' ``config.yaml``; ``detect.py`` decides which format a path holds;
-``ours.py`` reads our own checkpoints (any layout) at TP1 into a ``ModelState``; ``megatron_lm/`` and ``nemo/``
-read and write Megatron-LM (legacy and ``torch_dist``) and NeMo ``.nemo``; ``safe_load.py`` unpickles their files
-without running code and ``verify.py`` compares an import with an independent reference. Hugging Face folders are
-written by ``export/`` (above ``predict/``, whose classify loader a BLURB export uses) and read by ``loading/hf.py``.
-docs/ARCHITECTURE.md, Formats.
+``ours.py`` reads our own checkpoints (any layout) at TP1 into a ``ModelState`` and writes one back as our checkpoint
+(``write_ours``: every importer reads its format into a ``ModelState`` and saves through it); ``megatron_lm/`` and
+``nemo/`` read and write Megatron-LM (legacy and ``torch_dist``) and NeMo ``.nemo``; ``safe_load.py`` unpickles
+their files without running code and ``verify.py`` compares an import with an independent reference. Hugging Face
+folders are written by ``export/`` (above ``predict/``, whose classify loader a BLURB export uses) and read by
+``loading/hf.py``. docs/ARCHITECTURE.md, Formats.
 """

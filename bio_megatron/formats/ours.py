@@ -1,7 +1,8 @@
 """Our own checkpoints (any saved TP/PP layout) read at TP1: :func:`read_ours` is the one reader of a checkpoint
 (pretraining or fine-tuned) into the formats' :class:`~bio_megatron.formats.state.ModelState`, which ``export hf``,
 ``export megatron-lm`` and ``export nemo`` write from; :func:`read_pretraining` gives the runnable pretraining model
-that every ``import ... --verify`` runs.
+that every ``import ... --verify`` runs. :func:`write_ours` is the one writer: every importer (``import hf``,
+``import megatron-lm``, ``import nemo``) reads its format into a ``ModelState`` and saves it through it.
 
 A fine-tuned model's encoder + head load through :func:`bio_megatron.loading.finetuned.load_finetuned`.
 """
@@ -19,7 +20,10 @@ from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.loading.source import Source, resolve_source
 from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.bpe import load_tokenizer
+
+log = get_logger(__name__)
 
 
 def pretraining_config(src: Source) -> tuple[ModelConfig, dict]:
@@ -97,3 +101,104 @@ def read_ours(checkpoint: str | Path, default_labels: Sequence[str] | None = Non
     return ModelState(unpadded(tensors, tok.vocab_size), m, family_of_model(m).name, Path(src.vocab_file),
                       tok.vocab_size, getattr(tok, "lowercase", None), src.task, labels, head, settings,
                       str(src.path))
+
+
+# --- writing ------------------------------------------------------------------------------------------------
+class _VerifyFailed(Exception):
+    """Raised inside :func:`save_verified`'s atomic block so that the unverified checkpoint is never moved in."""
+
+    def __init__(self, report: dict) -> None:
+        super().__init__(report)
+        self.report = report
+
+
+def save_verified(out: str | Path, command: str, overwrite: bool, save: Callable[[Path], None],
+                  verify: Callable[[Path], dict] | None = None) -> dict | None:
+    """``save(tmp)`` writes the imported checkpoint into the absent hidden sibling ``tmp``; ``verify(tmp)``
+    (``import ... --verify``) checks it there, before it is renamed onto ``out``. Above tolerance the sibling is
+    removed and ``out`` is left as it was (absent, or an earlier output under --overwrite): a failed verification
+    never leaves a checkpoint that looks finished. Returns the report (None without ``verify``); its
+    ``checkpoint`` is ``out``, or None when nothing was written (the CLI then exits 1)."""
+    from bio_megatron.utils.io import atomic_path
+
+    report = None
+    try:
+        # save_model_checkpoint writes atomically into ``tmp``; atomic_path then applies the folder rule (marker,
+        # --overwrite) when moving it onto ``out``
+        with atomic_path(out, command=command, overwrite=overwrite) as tmp:
+            save(tmp)
+            if verify is not None:
+                report = verify(tmp)
+                report["checkpoint"] = str(out)  # where it lands: tmp is a hidden name that is gone afterwards
+                if not report["verified"]:
+                    raise _VerifyFailed(report)
+    except _VerifyFailed as failed:
+        report = failed.report
+        report["checkpoint"] = None
+        log.error("%s: not written: --verify found a max absolute difference of %.3g, above --tolerance %.3g (%s)",
+                  out, report["max_abs_diff"], report["tolerance"], report["reference"])
+    return report
+
+
+def saved_vocab_name(vocab_file: str | Path) -> str:
+    """The name a vocabulary file takes inside our checkpoint (``training/checkpoint.py`` copies it so)."""
+    path = Path(vocab_file)
+    if path.name in ("vocab.json", "tokenizer.json"):
+        return path.name
+    return "spiece.model" if path.suffix == ".model" else "vocab.txt"
+
+
+def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool = False,
+               verify: Callable[[Path, dict[str, torch.Tensor]], dict] | None = None,
+               fresh_head_seed: int = 0) -> dict | None:
+    """Our checkpoint (TP1, model weights only; loadable at any layout) of ``state`` at ``out``: the family's
+    pretraining model, or for a fine-tuned state the task model (encoder + ``state.head``), built at TP1 and
+    filled from the state; ``config.yaml`` (``state.model`` in a pretraining or task config), the vocabulary,
+    ``label_ids.csv``, ``bio_megatron.json`` (``imported_from``: ``state.source``, plus ``state.origin``) and
+    the checksums. A pretraining state without an MLM head (a bare encoder) gets a fresh one, initialised with
+    ``fresh_head_seed``. ``verify(tmp, tensors)`` (``import ... --verify``; ``tensors``: the full TP1 state the
+    model was filled with) checks the written checkpoint before it is moved onto ``out``
+    (:func:`save_verified`). Returns the verify report, or None."""
+    from bio_megatron.config.finetune import CONFIG_CLASSES
+    from bio_megatron.config.pretrain import PretrainConfig
+    from bio_megatron.config.sizes import padded_vocab_size
+    from bio_megatron.families import family_named
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.loading.model import build_task_model, load_full_state
+    from bio_megatron.models.heads import build_head
+    from bio_megatron.models.init import init_weights
+    from bio_megatron.training.checkpoint import save_model_checkpoint
+
+    single_process()
+    m, task, labels = state.model, state.task, state.labels
+    padded = padded_vocab_size(state.vocab_size, m.make_vocab_size_divisible_by, 1)
+    full = dict(state.tensors)
+    if task is None:
+        cfg = PretrainConfig(model=m)
+        m.bert_binary_head = state.binary_head
+        model = family_named(state.family).build_pretraining_model(m, state.vocab_size, torch.float32)
+        if "lm_head.dense.weight" not in full:  # a bare encoder (HF BertModel, an encoder-only file): fresh MLM head
+            log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", state.source)
+            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers)
+            fresh = model.state_dict()
+            full.update({k: v for k, v in fresh.items()
+                         if k.startswith(("lm_head.", "output_layer.bias")) and torch.is_tensor(v)})
+    else:
+        cfg = CONFIG_CLASSES[task]()
+        cfg.model = m
+        head = build_head(task, m, m.shape().hidden_size, len(labels) if labels else 2)
+        model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
+        full.update(state.head)
+    load_full_state(model, full)
+    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = saved_vocab_name(state.vocab_file), state.lowercase
+    meta = {"imported_from": state.source, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
+            "task": task, "vocab_size": state.vocab_size, "padded_vocab_size": padded, "labels": labels,
+            **state.origin}
+
+    def save(tmp: Path) -> None:
+        save_model_checkpoint(tmp, model, cfg, state.vocab_file, meta,
+                              files={"label_ids.csv": "\n".join(labels) + "\n"} if labels else None)
+
+    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
+    return save_verified(out, command, overwrite, save,
+                         (lambda tmp: verify(tmp, full)) if verify is not None else None)

@@ -46,6 +46,9 @@ class ModelState:
     """``num_fc_layers`` / ``num_output_layers`` / ``fc_dropout`` / ``activation`` / ``use_transformer_init``."""
     source: str = ""
     """Where it was read from (for messages and the written metadata)."""
+    origin: dict = field(default_factory=dict)
+    """What a foreign source records about itself, written as it is into an imported checkpoint's
+    ``bio_megatron.json`` (``{"megatron_lm": {...}}``, ``{"nemo": {...}}``)."""
 
     @property
     def shape(self) -> ModelShape:

@@ -99,3 +99,44 @@ def test_a_hugging_face_folder_is_not_read_as_ours(tmp_path):
                                           '"max_position_embeddings": 8, "type_vocab_size": 2}')
     with pytest.raises(CheckpointError, match="not a checkpoint of ours"):
         read_ours(Path(tmp_path))
+
+
+def _rewrite(ckpt: str, root: str) -> dict:
+    import json
+
+    from bio_megatron.formats.ours import read_ours, write_ours
+
+    first = read_ours(ckpt)
+    first.origin = {"test_origin": {"from": "test_model_state"}}
+    seen: dict = {}
+
+    def check(tmp, tensors) -> dict:
+        seen["keys"] = sorted(tensors)
+        return {"verified": True}
+
+    written = write_ours(first, f"{root}/rewritten", "import test", verify=check)
+    back = read_ours(f"{root}/rewritten")
+    meta = json.loads(Path(f"{root}/rewritten/bio_megatron.json").read_text())
+    refused = write_ours(first, f"{root}/refused", "import test",
+                         verify=lambda tmp, tensors: {"verified": False, "max_abs_diff": 1.0, "tolerance": 1e-4,
+                                                      "reference": "a refusing check"})
+    return {"first": _summary(first), "back": _summary(back), "keys": [sorted(first.tensors), sorted(back.tensors)],
+            "not_equal": [k for k, v in first.tensors.items()
+                          if not torch.equal(v, back.tensors.get(k, torch.empty(0)))],
+            "seen": seen.get("keys"), "written": written, "meta": meta, "refused": refused,
+            "refused_exists": Path(f"{root}/refused").exists()}
+
+
+def test_write_ours_is_the_inverse_of_read_ours(ours, tmp_path):
+    """``write_ours`` (the one writer every importer saves through) of ``read_ours``'s state: the same tensors bit for
+    bit, shape, family and vocabulary; the state's ``source`` and ``origin`` in ``bio_megatron.json``; a failing
+    ``verify`` (given the full tensors the model was filled with) leaves nothing at ``out``."""
+    (res,) = run_world(1, _rewrite, str(ours), str(tmp_path))
+    assert res["keys"][0] == res["keys"][1] and res["not_equal"] == [], res["not_equal"]
+    assert res["back"] == res["first"]
+    assert res["seen"] == res["keys"][0]
+    assert res["written"]["checkpoint"] == str(tmp_path / "rewritten")
+    meta = res["meta"]
+    assert meta["imported_from"].startswith(str(ours)) and meta["test_origin"] == {"from": "test_model_state"}
+    assert meta["family"] == "megatron_bert" and meta["task"] is None and meta["layout"]["tp"] == 1
+    assert res["refused"]["checkpoint"] is None and not res["refused_exists"]

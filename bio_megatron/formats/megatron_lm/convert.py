@@ -33,11 +33,10 @@ from typing import Callable
 import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.formats.state import VOCAB_ROWS
+from bio_megatron.formats.state import VOCAB_ROWS, ModelState, unpadded
 from bio_megatron.formats.megatron_lm.state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
                                                        mcore_to_legacy_shards, merge_pp, merge_tp, shape_of_state)
 from bio_megatron.formats.safe_load import safe_torch_load
-from bio_megatron.formats.verify import save_verified
 from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
 from bio_megatron.loading.source import Source
 from bio_megatron.utils.errors import CheckpointError
@@ -48,7 +47,8 @@ log = get_logger(__name__)
 TRACKER = "latest_checkpointed_iteration.txt"
 EXPORT_COMMAND, IMPORT_COMMAND = "export megatron-lm", "import megatron-lm"  # names in each output's marker
 _SHARD_RE = re.compile(r"(?:^|/)mp_rank_(\d{2})(?:_(\d{3}))?/model(?:_optim)?_rng\.pt$")
-__all__ = ["export_megatron_lm", "fix_qkv", "import_megatron_lm", "megatron_bert_only", "read_megatron_lm"]
+__all__ = ["export_megatron_lm", "fix_qkv", "import_megatron_lm", "megatron_bert_only", "read_megatron_lm",
+           "read_shards"]
 
 
 # --- finding and reading the shards -------------------------------------------------------------------
@@ -114,8 +114,10 @@ def _model_of(sd: dict, where: str) -> dict:
     return model
 
 
-def read_megatron_lm(path: str | Path, num_attention_heads: int | None = None) -> dict:
-    """A Megatron-LM legacy checkpoint as ``{"state": our full TP1 state, "shape": ModelConfig fields, ...}``."""
+def read_shards(path: str | Path, num_attention_heads: int | None = None) -> dict:
+    """A Megatron-LM checkpoint's weights as ``{"state": our full TP1 state (Megatron's padded vocabulary rows),
+    "shape": ModelConfig fields, "args", "version", "tp", "pp", ...}`` (legacy, or torch_dist through
+    :func:`~bio_megatron.formats.megatron_lm.dist.read_dist`)."""
     path = Path(path)
     if path.is_dir():
         from bio_megatron.formats.megatron_lm.dist import is_dist_checkpoint, read_dist
@@ -172,23 +174,16 @@ def _vocab_for(path: Path, vocab: str | Path | None) -> Path:
                           "(the vocab.txt the model was trained with)")
 
 
-def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Path | None = None,
-                       num_attention_heads: int | None = None, overwrite: bool = False,
-                       verify: bool = False, tolerance: float | None = None) -> dict:
-    """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from Megatron-LM's
-    (legacy or torch_dist). ``out`` must be absent or empty, or (``overwrite``) an earlier ``import megatron-lm``
-    output. ``verify``: the converted source weights run by transformers' ``MegatronBertForPreTraining`` vs
-    the written checkpoint on a padded batch; the result's ``verify`` holds the max absolute logit difference."""
-    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.models.init import init_weights
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.model import load_full_state
-    from bio_megatron.training import checkpoint as ckpt
+def read_megatron_lm(checkpoint: str | Path, num_attention_heads: int | None = None,
+                     vocab: str | Path | None = None) -> ModelState:
+    """A Megatron-LM checkpoint (legacy or torch_dist) with its vocabulary (``vocab``, default the ``vocab.txt``
+    beside it) as a :class:`ModelState`: Megatron BERT's pretraining model in our TP1 names, the real vocabulary
+    rows; ``origin`` records the format, QKV version, saved layout and iteration. CheckpointError for a vocabulary
+    that does not fit the embedding, or a binary head without its pooler."""
+    from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
-    check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before reading gigabytes
-    src = read_megatron_lm(checkpoint, num_attention_heads)
+    src = read_shards(checkpoint, num_attention_heads)
     a, state, where = src["args"], src["state"], src["where"]
     vocab_file = _vocab_for(Path(checkpoint), vocab)
     lower = {"BertWordPieceLowerCase": True, "BertWordPieceCase": False}.get(a.get("tokenizer_type"))
@@ -203,55 +198,56 @@ def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Pat
     binary = "binary_head.weight" in state
     if binary != ("pooler.dense.weight" in state):  # Megatron-LM builds the pooler exactly with the binary head
         raise CheckpointError(f"{where}: a binary head without a pooler (or the reverse): not Megatron-LM's BERT")
-    single_process()
     m = ModelConfig(**src["shape"], bert_binary_head=binary, transformer_impl="local",
                     make_vocab_size_divisible_by=divisible, encoder_seq_length=src["shape"]["max_position_embeddings"])
-    model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
-    full = {k: (v[: tok.vocab_size] if k in ("embedding.word_embeddings.weight", "output_layer.bias") else v)
-            for k, v in state.items()}
+    full = unpadded(state, tok.vocab_size)
     if "embedding.tokentype_embeddings.weight" not in full:  # trained without token types: zeros add nothing
         full["embedding.tokentype_embeddings.weight"] = torch.zeros(2, m.shape().hidden_size)
     if "lm_head.dense.weight" not in full:  # an encoder-only file: fine-tuning uses the encoder alone
         log.warning("%s has no LM head: the imported LM head is freshly initialised", where)
-        init_weights(model, 0, m.init_method_std, m.shape().num_layers)
-        own = model.state_dict()
-        full.update({k: own[k] for k in own if k.startswith(("lm_head.", "output_layer.")) and torch.is_tensor(own[k])})
-    load_full_state(model, full)
-    reference = None
-    if verify:  # built from the source's weights before our engine saved (and reloads) them
-        from bio_megatron.formats.verify import hf_reference
+    info = {"format": src["format"], "checkpoint_version": src["version"], "tp": src["tp"], "pp": src["pp"],
+            "iteration": src["iteration"]}
+    return ModelState(full, m, "megatron_bert", vocab_file, tok.vocab_size, tok.lowercase, source=str(checkpoint),
+                      origin={"megatron_lm": info})
 
-        reference = hf_reference(full, m.shape(), tok.vocab_size, binary_head=binary,
+
+def import_megatron_lm(checkpoint: str | Path, out: str | Path, vocab: str | Path | None = None,
+                       num_attention_heads: int | None = None, overwrite: bool = False,
+                       verify: bool = False, tolerance: float | None = None) -> dict:
+    """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from Megatron-LM's
+    (legacy or torch_dist): :func:`read_megatron_lm`, then :func:`~bio_megatron.formats.ours.write_ours`. ``out``
+    must be absent or empty, or (``overwrite``) an earlier ``import megatron-lm`` output. ``verify``: the
+    converted source weights run by transformers' ``MegatronBertForPreTraining`` vs the written checkpoint on a
+    padded batch; the result's ``verify`` holds the max absolute logit difference."""
+    from bio_megatron.formats.ours import write_ours
+
+    check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before reading gigabytes
+    state = read_megatron_lm(checkpoint, num_attention_heads, vocab)
+    m, info = state.model, state.origin["megatron_lm"]
+
+    def check(tmp: Path, full: dict) -> dict:
+        # the reference holds the source's weights as read (and a fresh LM head as filled in), not our saved files
+        from bio_megatron.formats.verify import FP32_TOLERANCE, hf_reference, verify_import
+
+        reference = hf_reference(full, m.shape(), state.vocab_size, binary_head=state.binary_head,
                                  layernorm_epsilon=m.layernorm_epsilon,
                                  max_position_embeddings=m.max_position_embeddings,
                                  num_tokentypes=full["embedding.tokentype_embeddings.weight"].shape[0])
-    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
-    padded = padded_vocab_size(tok.vocab_size, divisible, 1)
-    info = {"format": src["format"], "checkpoint_version": src["version"], "tp": src["tp"], "pp": src["pp"],
-            "iteration": src["iteration"]}
-    def save(tmp: Path) -> None:
-        ckpt.save_model_checkpoint(
-            tmp, model, PretrainConfig(model=m), vocab_file,
-            {"imported_from": str(checkpoint), "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
-             "task": None, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "megatron_lm": info})
-
-    def check(tmp: Path) -> dict:
-        from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
-
         return verify_import(reference, tmp, tolerance=FP32_TOLERANCE if tolerance is None else tolerance,
-                             source=f"{where} via transformers MegatronBertForPreTraining")
+                             source=f"{state.source} via transformers MegatronBertForPreTraining")
 
-    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
-    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check if reference is not None else None)
-    result = {"out": str(out), "binary_head": binary, "vocab_size": tok.vocab_size, **info,
-              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    report = write_ours(state, out, IMPORT_COMMAND, overwrite, check if verify else None)
+    shape = m.shape()
+    result = {"out": str(out), "binary_head": state.binary_head, "vocab_size": state.vocab_size, **info,
+              "num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
+              "num_attention_heads": shape.num_attention_heads}
     if report is not None:
         result["verify"] = report
         if not report["verified"]:
             result["out"] = None
             return result
-    log.info("imported %s (Megatron-LM, version %s, TP %d x PP %d) -> %s", where, src["version"], src["tp"],
-             src["pp"], out)
+    log.info("imported %s (Megatron-LM, version %s, TP %d x PP %d) -> %s", state.source, info["checkpoint_version"],
+             info["tp"], info["pp"], out)
     return result
 
 

@@ -180,7 +180,7 @@ def _load_tensors(it: Path, meta) -> dict[str, torch.Tensor]:
 
 
 def read_dist(path: Path, it: Path, num_attention_heads: int | None = None) -> dict:
-    """A torch_dist checkpoint as :func:`~bio_megatron.formats.megatron_lm.convert.read_megatron_lm` returns it."""
+    """A torch_dist checkpoint as :func:`~bio_megatron.formats.megatron_lm.convert.read_shards` returns it."""
     where = str(it)
     meta = _metadata(it)
     common = _common_state(it, meta)

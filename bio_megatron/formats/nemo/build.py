@@ -1,17 +1,16 @@
-"""Our side of ``import nemo`` / ``export nemo``: build and save a checkpoint from a read archive, load a
-checkpoint for export, and write NeMo's ``model_config.yaml`` (key names of NeMo 2.4's
+"""Our side of ``import nemo`` / ``export nemo``: a read archive as a ``ModelState`` (which ``formats/ours.py``'s
+``write_ours`` saves), a checkpoint loaded for export, and NeMo's ``model_config.yaml`` (key names of NeMo 2.4's
 ``megatron_bert_config.yaml`` and of the task models' configs, as ``MegatronBertModel.model_provider_func``
 and the task models' ``__init__`` read them)."""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
-from bio_megatron.formats.state import ModelState
+from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
@@ -46,77 +45,46 @@ def _dataset_from_nemo(m, task: str, cfg: dict, positions: int, where: str) -> N
         m.dataset.max_seq_length = positions
 
 
-def build_and_save(src: dict, out: str | Path, command: str, overwrite: bool, verify=None) -> dict | None:
-    """Our model filled with ``src`` (from :func:`~bio_megatron.formats.nemo.convert.read_nemo`), saved to ``out``;
-    ``verify(tmp)`` checks it before it is moved there (:func:`~bio_megatron.formats.verify.save_verified`:
-    above tolerance nothing is written). Returns the verify report, or None."""
-    from bio_megatron.formats.verify import save_verified
+def state_of_archive(src: dict, scratch: Path) -> ModelState:
+    """What :func:`~bio_megatron.formats.nemo.convert.read_archive` read from an archive, as a :class:`ModelState`
+    (the vocabulary written to ``scratch/vocab.txt``, which must outlive the state's use): the pretraining model
+    (``ModelConfig``) or the task model's encoder + head in the task config's model section, with NeMo's head and
+    dataset settings. CheckpointError for a vocabulary that does not fit the embedding."""
     from bio_megatron.config.finetune import CONFIG_CLASSES
-    from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
-    from bio_megatron.models.bert import build_model
-    from bio_megatron.models.init import init_weights
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.model import build_task_model, load_full_state
-    from bio_megatron.models.heads import build_head
-    from bio_megatron.training import checkpoint as ckpt
+    from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
-    single_process()
     where, state, shape, task = src["where"], src["state"], src["shape"], src["task"]
-    with tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_vocab_") as scratch:
-        vocab_file = Path(scratch) / "vocab.txt"
-        vocab_file.write_text(src["vocab_text"], encoding="utf-8")
-        tok = WordPieceTokenizer(vocab_file, src["lower"])
-        rows, divisible = state["embedding.word_embeddings.weight"].shape[0], src["divisible"]
-        expected = padded_vocab_size(tok.vocab_size, divisible, src["tp"])
-        if rows < tok.vocab_size or (src["layout"] == "legacy" and rows != expected):
-            raise CheckpointError(f"{where}: the embedding has {rows} rows, but the vocabulary has {tok.vocab_size} "
-                                  f"entries, which NeMo pads to {expected} (multiple of {divisible} x TP {src['tp']})")
-        full = {k: (v[: tok.vocab_size] if k in ("embedding.word_embeddings.weight", "output_layer.bias") else v)
-                for k, v in state.items()}
-        if "embedding.tokentype_embeddings.weight" not in full:  # NeMo without binary head has none: zeros add nothing
-            full["embedding.tokentype_embeddings.weight"] = torch.zeros(2, shape["hidden_size"])
+    vocab_file = scratch / "vocab.txt"
+    vocab_file.write_text(src["vocab_text"], encoding="utf-8")
+    tok = WordPieceTokenizer(vocab_file, src["lower"])
+    rows, divisible = state["embedding.word_embeddings.weight"].shape[0], src["divisible"]
+    expected = padded_vocab_size(tok.vocab_size, divisible, src["tp"])
+    if rows < tok.vocab_size or (src["layout"] == "legacy" and rows != expected):
+        raise CheckpointError(f"{where}: the embedding has {rows} rows, but the vocabulary has {tok.vocab_size} "
+                              f"entries, which NeMo pads to {expected} (multiple of {divisible} x TP {src['tp']})")
+    full = unpadded({k: v for k, v in state.items() if torch.is_tensor(v)}, tok.vocab_size)
+    if "embedding.tokentype_embeddings.weight" not in full:  # NeMo without binary head has none: zeros add nothing
+        full["embedding.tokentype_embeddings.weight"] = torch.zeros(2, shape["hidden_size"])
+    if task is None:
         binary = "binary_head.weight" in full
-        if task is None:
-            if not binary and "pooler.dense.weight" in full:  # NeMo's add_pooler default; unused without the head
-                full = {k: v for k, v in full.items() if not k.startswith("pooler.")}
-            m = ModelConfig(**shape, bert_binary_head=binary, transformer_impl="local",
-                            make_vocab_size_divisible_by=divisible, encoder_seq_length=shape["max_position_embeddings"])
-            cfg = PretrainConfig(model=m)
-            model = build_model(m, tok.vocab_size, torch.float32, pre_process=True, post_process=True)
-            if "lm_head.dense.weight" not in full:  # an encoder-only archive: fine-tuning uses the encoder alone
-                log.warning("%s has no LM head: the imported LM head is freshly initialised", where)
-                init_weights(model, 0, m.init_method_std, m.shape().num_layers)
-                own = model.state_dict()
-                full.update({k: own[k] for k in own if k.startswith(("lm_head.", "output_layer.")) and
-                             torch.is_tensor(own[k])})
-            padded = padded_vocab_size(tok.vocab_size, divisible, 1)
-        else:
-            cfg = CONFIG_CLASSES[task]()
-            m = cfg.model
-            for k, v in shape.items():
-                setattr(m, k, v)
-            m.transformer_impl, m.make_vocab_size_divisible_by = "local", divisible
-            _apply_settings(m, src["settings"])
-            _dataset_from_nemo(m, task, src["cfg"], shape["max_position_embeddings"], where)
-            padded = padded_vocab_size(tok.vocab_size, divisible, 1)
-            head = build_head(task, m, shape["hidden_size"], len(src["labels"]) if src["labels"] else 2)
-            model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
-            full = {**{k: v for k, v in full.items() if k.startswith(_ENCODER)}, **src["head"]}
-        load_full_state(model, full)
-        m.tokenizer.vocab_file, m.tokenizer.do_lower_case = "vocab.txt", tok.lowercase
-        labels = src["labels"]
-
-        def save(tmp: Path) -> None:
-            ckpt.save_model_checkpoint(
-                tmp, model, cfg, vocab_file,
-                {"imported_from": where, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
-                 "task": task, "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": labels,
-                 "nemo": {"tp": src["tp"], "pp": src["pp"], "layout": src["layout"],
-                          "target": src["cfg"].get("target")}},
-                files={"label_ids.csv": "\n".join(labels) + "\n"} if labels else None)
-
-        return save_verified(out, command, overwrite, save, verify)
+        if not binary and "pooler.dense.weight" in full:  # NeMo's add_pooler default; unused without the head
+            full = {k: v for k, v in full.items() if not k.startswith("pooler.")}
+        if "lm_head.dense.weight" not in full:  # an encoder-only archive: fine-tuning uses the encoder alone
+            log.warning("%s has no LM head: the imported LM head is freshly initialised", where)
+        m = ModelConfig(**shape, bert_binary_head=binary, transformer_impl="local",
+                        make_vocab_size_divisible_by=divisible, encoder_seq_length=shape["max_position_embeddings"])
+    else:
+        m = CONFIG_CLASSES[task]().model
+        for k, v in shape.items():
+            setattr(m, k, v)
+        m.transformer_impl, m.make_vocab_size_divisible_by = "local", divisible
+        _apply_settings(m, src["settings"])
+        _dataset_from_nemo(m, task, src["cfg"], shape["max_position_embeddings"], where)
+        full = {k: v for k, v in full.items() if k.startswith(_ENCODER)}
+    origin = {"nemo": {"tp": src["tp"], "pp": src["pp"], "layout": src["layout"], "target": src["cfg"].get("target")}}
+    return ModelState(full, m, "megatron_bert", vocab_file, tok.vocab_size, tok.lowercase, task, src["labels"],
+                      dict(src["head"]) if task is not None else {}, {}, where, origin)
 
 
 def load_for_export(checkpoint: str | Path) -> ModelState:
@@ -237,4 +205,4 @@ def nemo_config(ours: ModelState, tp: int, pp: int, mcore: bool, vocab_ref: str,
     return {**cfg, "target": TARGETS[task], "nemo_version": "2.4.0"}
 
 
-__all__ = ["DATASET_KEYS", "build_and_save", "head_caveats", "load_for_export", "nemo_config"]
+__all__ = ["DATASET_KEYS", "head_caveats", "load_for_export", "nemo_config", "state_of_archive"]

@@ -32,6 +32,7 @@ from bio_megatron.formats.nemo import archive as arc
 from bio_megatron.formats.nemo.state import (PRETRAIN_PREFIX, TASK_PREFIX, dist_to_ours, ours_to_dist,
                                                  ours_to_shards, shards_to_ours)
 from bio_megatron.formats.safe_load import safe_torch_load
+from bio_megatron.formats.state import ModelState
 from bio_megatron.utils.errors import CheckpointError, OutputError
 from bio_megatron.utils.io import atomic_path, check_output_dir, check_output_file
 from bio_megatron.utils.log import get_logger
@@ -166,8 +167,9 @@ def _head_settings(task: str, cfg: dict, head: dict, hidden: int) -> dict:
                      "use_transformer_init": h.get("use_transformer_init", True)}, "fc_hidden_size": fc_hidden}
 
 
-def read_nemo(path: str | Path, num_attention_heads: int | None = None) -> dict:
-    """A ``.nemo`` as our full TP1 state, task head, shape, vocabulary text, label map and settings."""
+def read_archive(path: str | Path, num_attention_heads: int | None = None) -> dict:
+    """A ``.nemo`` as our full TP1 state (NeMo's padded vocabulary rows), task head, shape, vocabulary text, label
+    map and settings; :func:`read_nemo` makes it a ``ModelState``."""
     from bio_megatron.formats.megatron_lm.state import shape_of_state
 
     where = str(path)
@@ -224,30 +226,39 @@ def _unfold(state: dict, side: dict, where: str) -> None:
         log.warning("%s: %s does not match the weights (edited in NeMo?): ignored", where, SIDE_FILE)
 
 
+def read_nemo(path: str | Path, scratch: Path, num_attention_heads: int | None = None) -> ModelState:
+    """A ``.nemo`` archive as a :class:`ModelState` (pretraining, or a task model with its head and labels); its
+    vocabulary is written to ``scratch``, a folder the caller keeps while it uses the state."""
+    from bio_megatron.formats.nemo.build import state_of_archive
+
+    return state_of_archive(read_archive(path, num_attention_heads), Path(scratch))
+
+
 def import_nemo(model: str | Path, out: str | Path, num_attention_heads: int | None = None,
                 overwrite: bool = False, verify: bool = False, tolerance: float | None = None) -> dict:
-    """Write a BioMegatron checkpoint (TP1, model only; loadable at any layout) from a ``.nemo`` archive.
-    ``verify``: the archive's weights in transformers vs the written checkpoint
-    (:mod:`~bio_megatron.formats.nemo.verify`); the result's ``verify`` holds the max logit difference."""
-    from bio_megatron.formats.nemo.build import build_and_save
+    """Write a BioMegatron checkpoint (TP1, model only; loadable at any layout) from a ``.nemo`` archive:
+    :func:`read_nemo`, then :func:`~bio_megatron.formats.ours.write_ours`. ``verify``: the archive's weights in
+    transformers vs the written checkpoint (:mod:`~bio_megatron.formats.nemo.verify`); the result's ``verify``
+    holds the max logit difference."""
+    from bio_megatron.formats.nemo.verify import verify_nemo_import
+    from bio_megatron.formats.ours import write_ours
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before unpacking gigabytes
-    src = read_nemo(model, num_attention_heads)
-    from bio_megatron.formats.nemo.verify import verify_nemo_import
-
-    # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
-    report = build_and_save(src, out, IMPORT_COMMAND, overwrite,
-                            (lambda tmp: verify_nemo_import(src, tmp, tolerance)) if verify else None)
-    result = {"out": str(out), "task": src["task"], "labels": src["labels"], "tp": src["tp"], "pp": src["pp"],
-              "layout": src["layout"], "binary_head": "binary_head.weight" in src["state"],
-              **{k: src["shape"][k] for k in ("num_layers", "hidden_size", "num_attention_heads")}}
+    with tempfile.TemporaryDirectory(prefix="bio_megatron_nemo_vocab_") as scratch:
+        state = read_nemo(model, Path(scratch), num_attention_heads)
+        check = (lambda tmp, _tensors: verify_nemo_import(state, tmp, tolerance)) if verify else None
+        report = write_ours(state, out, IMPORT_COMMAND, overwrite, check)
+    info, shape = state.origin["nemo"], state.shape
+    result = {"out": str(out), "task": state.task, "labels": state.labels, "tp": info["tp"], "pp": info["pp"],
+              "layout": info["layout"], "binary_head": state.binary_head, "num_layers": shape.num_layers,
+              "hidden_size": shape.hidden_size, "num_attention_heads": shape.num_attention_heads}
     if report is not None:
         result["verify"] = report
         if not report["verified"]:
             result["out"] = None
             return result
-    log.info("imported %s (NeMo, %s, TP %d x PP %d) -> %s", src["where"], src["task"] or "MegatronBertModel",
-             src["tp"], src["pp"], out)
+    log.info("imported %s (NeMo, %s, TP %d x PP %d) -> %s", state.source, state.task or "MegatronBertModel",
+             info["tp"], info["pp"], out)
     return result
 
 

@@ -18,57 +18,48 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bio_megatron.formats.state import ModelState
 from bio_megatron.formats.verify import FP32_TOLERANCE, Forward, hf_reference, verify_import
 from bio_megatron.utils.errors import CheckpointError
 
 
-def _vocab_size(text: str) -> int:
-    tokens = text.split("\n")
-    return len(tokens) - 1 if tokens and tokens[-1] == "" else len(tokens)
+def _encoder_state(state: ModelState) -> dict[str, torch.Tensor]:
+    """The archive's tensors as read (the import's token-type zeros included), in fp32."""
+    return {k: v.float() for k, v in state.tensors.items()}
 
 
-def _encoder_state(src: dict) -> dict[str, torch.Tensor]:
-    state = {k: v.float() for k, v in src["state"].items() if torch.is_tensor(v)}
-    if "embedding.tokentype_embeddings.weight" not in state:  # NeMo without binary head: zeros, as the import
-        state["embedding.tokentype_embeddings.weight"] = torch.zeros(2, src["shape"]["hidden_size"])
-    return state
-
-
-def _encoder_reference(src: dict, vocab: int) -> nn.Module:
+def _encoder_reference(state: ModelState) -> nn.Module:
     """transformers' ``MegatronBertModel`` (no pooler) holding the archive's encoder."""
     from transformers import MegatronBertModel
 
-    from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.hf_convert import hf_config, mcore_to_hf
 
-    shape = ModelConfig(**src["shape"]).shape()
-    cfg = hf_config(shape, vocab, src["shape"]["max_position_embeddings"], 2, src["shape"]["layernorm_epsilon"])
+    shape, m, vocab = state.shape, state.model, state.vocab_size
+    cfg = hf_config(shape, vocab, m.max_position_embeddings, 2, m.layernorm_epsilon)
     hf = MegatronBertModel(cfg, add_pooling_layer=False).eval()
-    missing, _ = hf.load_state_dict(mcore_to_hf(_encoder_state(src), shape, vocab, binary_head=False, prefix=""),
+    missing, _ = hf.load_state_dict(mcore_to_hf(_encoder_state(state), shape, vocab, binary_head=False, prefix=""),
                                     strict=False)
     missing = [k for k in missing if "position_ids" not in k]
     if missing:
-        raise CheckpointError(f"{src['where']}: cannot build the reference model: weights {missing[:4]} missing")
+        raise CheckpointError(f"{state.source}: cannot build the reference model: weights {missing[:4]} missing")
     return hf
 
 
-def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | None = None) -> dict:
+def verify_nemo_import(state: ModelState, checkpoint: str | Path, tolerance: float | None = None) -> dict:
     """The report of :func:`~bio_megatron.formats.verify.verify_import` for an archive read by ``read_nemo``
-    and the checkpoint ``import nemo`` wrote from it."""
-    from bio_megatron.config.pretrain import ModelConfig
+    (``state``: before our engine saw it) and the checkpoint ``import nemo`` wrote from it."""
     from bio_megatron.loading.finetuned import single_process
 
     single_process()  # our side loads the checkpoint at TP1
-    vocab = _vocab_size(src["vocab_text"])
+    vocab = state.vocab_size
     tolerance = FP32_TOLERANCE if tolerance is None else tolerance
-    label = f"{src['where']} via transformers "
-    if src["task"] is None:
-        state = _encoder_state(src)
-        binary = "binary_head.weight" in state
-        if "lm_head.dense.weight" not in state:
-            raise CheckpointError(f"{src['where']}: --verify compares MLM logits; this archive has no LM head")
-        m = ModelConfig(**src["shape"])
-        reference = hf_reference(state, m.shape(), vocab, binary_head=binary,
+    label = f"{state.source} via transformers "
+    if state.task is None:
+        tensors = _encoder_state(state)
+        if "lm_head.dense.weight" not in tensors:
+            raise CheckpointError(f"{state.source}: --verify compares MLM logits; this archive has no LM head")
+        m = state.model
+        reference = hf_reference(tensors, m.shape(), vocab, binary_head=state.binary_head,
                                  layernorm_epsilon=m.layernorm_epsilon,
                                  max_position_embeddings=m.max_position_embeddings)
         return verify_import(reference, checkpoint, tolerance=tolerance, source=label + "MegatronBertForPreTraining")
@@ -78,8 +69,8 @@ def verify_nemo_import(src: dict, checkpoint: str | Path, tolerance: float | Non
     loaded = load_finetuned(checkpoint)
     head = loaded.model.head
     ref_head = copy.deepcopy(head)
-    ref_head.load_state_dict({k[len("head."):]: v.float() for k, v in src["head"].items()})
-    encoder = _encoder_reference(src, vocab)
+    ref_head.load_state_dict({k[len("head."):]: v.float() for k, v in state.head.items()})
+    encoder = _encoder_reference(state)
 
     def reference(ids: torch.Tensor, mask: torch.Tensor, types: torch.Tensor) -> dict[str, torch.Tensor]:
         hidden = encoder(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
