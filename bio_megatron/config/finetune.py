@@ -92,6 +92,9 @@ class ClassifierHeadConfig:
     fc_dropout: float = 0.1
     activation: Literal["relu", "gelu", "tanh"] = "relu"
     use_transformer_init: bool = True
+    pooling: Literal["cls", "mean"] = "cls"
+    """What the classifier reads: the [CLS] position (NeMo's), or ``mean``, the average over the example's real
+    tokens (HF ModernBERT's ``classifier_pooling: mean``; model.family modernbert only)."""
 
 
 @dataclass
@@ -355,6 +358,10 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     dropout = head.fc_dropout if head is not None else m.classifier_head.fc_dropout
     if not 0.0 <= dropout < 1.0:  # (NaN fails this too)
         problems.append(f"head fc_dropout ({dropout}) must be in [0, 1)")
+    pooling = getattr(getattr(m, "classifier_head", None), "pooling", "cls")
+    if pooling != "cls" and m.family not in (None, "modernbert"):  # the other families' heads read [CLS] only
+        problems.append(f"model.classifier_head.pooling ({pooling}) is for model.family modernbert only (its HF "
+                        f"classes' classifier_pooling), not {m.family}")
     if cfg.task == "qa" and d.dev_holdout_fraction is not None:
         if not 0.0 < d.dev_holdout_fraction < 1.0:  # (NaN fails this too)
             problems.append(f"model.dataset.dev_holdout_fraction ({d.dev_holdout_fraction}) must be in (0, 1)")

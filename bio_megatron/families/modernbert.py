@@ -31,8 +31,8 @@ ModernBERT exports to the plain class and every such folder imports::
 
 HF's ``classifier_dropout`` is the head's dropout: the task block's ``fc_dropout`` at import
 (:meth:`ModernBertFamily.hf_head_settings`) and back at export (:meth:`ModernBertFamily.hf_config`).
-Sequence classification pools the [CLS] position (``classifier_pooling: cls``); a folder with ``mean`` pooling is
-refused by name at import (our heads see the hidden states, not the padding mask).
+Sequence classification pools the [CLS] position (``classifier_pooling: cls``) or averages the real tokens
+(``mean``): ``model.classifier_head.pooling`` both ways (``loading.model.TaskModel`` hands that head the padding mask).
 """
 
 from __future__ import annotations
@@ -116,9 +116,8 @@ class ModernBertFamily:
         if cfg.get("head_dim") not in (None, h // heads):
             problems.append(f"head_dim {cfg['head_dim']!r} (only hidden_size / num_attention_heads)")
         arch = (cfg.get("architectures") or [""])[0]
-        if arch in _POOLED and cfg.get("classifier_pooling", "cls") != "cls":
-            problems.append(f"{arch} with classifier_pooling {cfg['classifier_pooling']!r} (only 'cls': our task "
-                            "heads see the hidden states, not the padding mask a mean needs)")
+        if arch in _POOLED and cfg.get("classifier_pooling", "cls") not in ("cls", "mean"):
+            problems.append(f"{arch} with classifier_pooling {cfg['classifier_pooling']!r} (only 'cls' or 'mean')")
         if problems:
             raise CheckpointError(f"{where}: cannot be reproduced exactly: " + "; ".join(problems))
         return {"num_layers": cfg["num_hidden_layers"], "hidden_size": h, "num_attention_heads": heads,
@@ -145,6 +144,7 @@ class ModernBertFamily:
         head = getattr(m, "classifier_head", None) or getattr(m, "head", None)
         if head is not None:  # a fine-tuned model: its classifier dropout (HF applies it before the classifier)
             fields["classifier_dropout"] = float(head.fc_dropout)
+            fields["classifier_pooling"] = getattr(head, "pooling", "cls")  # a token head has none: cls, HF's default
         return ModernBertConfig(**{**fields, **extra})
 
     def hf_tokens(self, tokenizer) -> dict[str, int]:
@@ -237,13 +237,17 @@ class ModernBertFamily:
 
     owns_task_heads = True
     """Every fine-tuned ModernBERT has its HF classes' head (``models.heads.build_head``): the plain class always
-    computes it, whatever ``model.head`` / ``model.classifier_head`` say (only ``fc_dropout`` applies)."""
+    computes it, whatever ``model.head`` / ``model.classifier_head`` say (only ``fc_dropout`` and ``pooling`` apply)."""
 
     def hf_head_settings(self, task: str, cfg: dict, head: dict) -> dict:
         """An HF task folder's head (``Source.head``) with its ``classifier_dropout`` (HF's default 0.0), the
-        dropout before the classifier: ``fc_dropout`` of the task's block, which :meth:`hf_config` writes back."""
+        dropout before the classifier: ``fc_dropout`` of the task's block, and a sequence classifier's
+        ``classifier_pooling`` (``pooling``); :meth:`hf_config` writes both back."""
+        settings = {"fc_dropout": float(cfg.get("classifier_dropout", 0.0))}
+        if task in ("re", "classify"):  # HF's classifier_pooling (shape_from_hf allowed cls or mean)
+            settings["pooling"] = cfg.get("classifier_pooling", "cls")
         block = "classifier_head" if task in ("re", "classify") else "head"
-        return {**head, block: {**head.get(block, {}), "fc_dropout": float(cfg.get("classifier_dropout", 0.0))}}
+        return {**head, block: {**head.get(block, {}), **settings}}
 
     def head_to_hf(self, task: str, sd: dict) -> dict:
         return {theirs: sd[ours].detach().clone().contiguous() for ours, theirs in _TASK_HEAD}

@@ -80,7 +80,10 @@ class TaskModel(MegatronModule):
         if not self.post_process:
             return hidden
         hidden = hidden.transpose(0, 1)  # [s, b, h] -> [b, s, h]
-        return self.head(unpack_rows(hidden, unpack) if unpack is not None else hidden)
+        hidden = unpack_rows(hidden, unpack) if unpack is not None else hidden
+        if getattr(self.head, "reads_padding_mask", False):  # a mean over real tokens (ModernBERT's mean pooling)
+            return self.head(hidden, (unpack >= 0) if unpack is not None else attention_mask > 0)
+        return self.head(hidden)
 
 
 def task_padded_vocab(m: ModelConfig, vocab_size: int, src: Source | None) -> int:

@@ -193,34 +193,40 @@ class ModernBertHead(nn.Module):
 class ModernBertTaskHead(nn.Module):
     """HF ``ModernBertFor{Token,Sequence}Classification`` / ``...QuestionAnswering``'s head: ModernBERT's prediction
     head (dense H -> H without bias, GELU, bias-free LayerNorm), dropout, then a linear classifier with bias.
-    ``pool_cls``: sequence classification reads the [CLS] position (HF ``classifier_pooling: cls``) first; token
-    classification and QA keep every position. Names (``dense``, ``norm``, ``classifier``) are HF's under ``head.``
-    (:mod:`bio_megatron.families.modernbert` maps them)."""
+    ``pooling``: sequence classification first reads the [CLS] position (``cls``, HF ``classifier_pooling: cls``) or
+    the mean over the example's real tokens (``mean``: the padding mask ``TaskModel`` passes when
+    ``reads_padding_mask``); None (token classification, QA) keeps every position. Names (``dense``, ``norm``,
+    ``classifier``) are HF's under ``head.`` (:mod:`bio_megatron.families.modernbert` maps them)."""
 
     use_transformer_init = True  # N(0, init_method_std) weights, unit norm gain, zero bias (models/init.py)
 
-    def __init__(self, hidden_size: int, num_classes: int, dropout: float, eps: float, pool_cls: bool):
+    def __init__(self, hidden_size: int, num_classes: int, dropout: float, eps: float, pooling: str | None):
         super().__init__()
-        self.pool_cls = pool_cls
+        self.pooling = pooling
+        self.reads_padding_mask = pooling == "mean"
         self.dense = nn.Linear(hidden_size, hidden_size, bias=False)
         self.norm = nn.LayerNorm(hidden_size, eps=eps, bias=False)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(hidden_size, num_classes)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.pool_cls:
+    def forward(self, hidden: torch.Tensor, padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.pooling == "cls":
             hidden = hidden[:, 0]
+        elif self.pooling == "mean":  # as HF: padded positions out of the sum and the count
+            weight = padding_mask.unsqueeze(-1).to(hidden.dtype)
+            hidden = (hidden * weight).sum(dim=1) / weight.sum(dim=1)
         return self.classifier(self.dropout(self.norm(F.gelu(self.dense(hidden)))))
 
 
 def modernbert_task_head(task: str, model_cfg, hidden_size: int, num_classes: int) -> ModernBertTaskHead:
     """A ModernBERT encoder's task head (``models.heads.build_head`` for ``model.family: modernbert``): QA gives two
     logits per token (start, end); the dropout is the task's ``fc_dropout`` (``model.head`` for NER and QA,
-    ``model.classifier_head`` for RE and classify)."""
+    ``model.classifier_head`` for RE and classify, whose ``pooling`` says cls or mean)."""
     sequence = task in ("re", "classify")
     block = model_cfg.classifier_head if sequence else model_cfg.head
+    pooling = getattr(block, "pooling", "cls") if sequence else None
     return ModernBertTaskHead(hidden_size, 2 if task == "qa" else num_classes, block.fc_dropout,
-                              model_cfg.layernorm_epsilon, pool_cls=sequence)
+                              model_cfg.layernorm_epsilon, pooling)
 
 
 def attention_mask_for(padding_mask: torch.Tensor) -> torch.Tensor:

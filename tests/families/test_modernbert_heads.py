@@ -1,8 +1,8 @@
 """ModernBERT's task classes: random tiny HF ``ModernBertFor{TokenClassification,SequenceClassification,
 QuestionAnswering}`` folders (perturbed LayerNorm gains and classifier bias, eager attention, an 8-token local window)
 import with ``bio-megatron import hf --verify`` (transformers' own class against our fine-tuning model on a padded
-batch) and export back to the same class with the same logits (< 1e-4); a ``classifier_pooling: mean`` folder is
-refused by name, exit 2, nothing written; ``finetune ner`` and ``finetune classify`` from an imported
+batch) and export back to the same class with the same logits (< 1e-4), a ``classifier_pooling: mean`` folder
+too; ``finetune ner`` and ``finetune classify`` from an imported
 ``ModernBertForMaskedLM`` run, ``predict`` reads the fine-tuned checkpoints and ``export hf`` gives transformers'
 classes with our logits."""
 
@@ -117,15 +117,22 @@ def _make_mean_pooled(folder: str) -> dict:
     return _make_task_folder(folder, "re", classifier_pooling="mean")
 
 
-def test_mean_pooled_sequence_classifier_is_refused_by_name(tmp_path):
-    """``classifier_pooling: mean`` (the mean over the padding mask, which our heads do not see): exit 2, one line
-    naming config.json and the option, nothing written at --out, the folder unchanged."""
-    run_world(1, _make_mean_pooled, str(tmp_path / "hf"))
-    before = tree_digest(tmp_path / "hf")
-    rc, text = run_cli(["import", "hf", "--model", str(tmp_path / "hf"), "--out", str(tmp_path / "out")], sep="\n")
-    assert rc == 2 and len(text.splitlines()) == 1, text
-    assert "config.json" in text and "classifier_pooling 'mean'" in text, text
-    assert not (tmp_path / "out").exists() and tree_digest(tmp_path / "hf") == before
+def test_mean_pooled_sequence_classifier_imports_and_exports_with_transformers_logits(tmp_path):
+    """``classifier_pooling: mean`` (the mean over the padding mask, which TaskModel hands the head): import hf
+    --verify within 1e-4 of transformers' class on the padded batch (rows of 32, 21 and 9 tokens), the checkpoint's
+    model.classifier_head.pooling is mean, and export hf gives ModernBertForSequenceClassification with
+    classifier_pooling mean and the same logits."""
+    (ref,) = run_world(1, _make_mean_pooled, str(tmp_path / "hf"))
+    (info,) = run_world(1, import_hf_folder, str(tmp_path / "hf"), str(tmp_path / "ckpt"))
+    assert info["rc"] == 0 and info["task"] == "re", info
+    assert info["verify"]["verified"] and info["verify"]["max_abs_diff"] < 1e-4, info["verify"]
+    saved = next((tmp_path / "ckpt").rglob("config.yaml")).read_text()
+    assert "pooling: mean" in saved, saved
+    (res,) = run_world(1, _export_task, str(tmp_path / "ckpt"), str(tmp_path / "export"))
+    assert res["class"] == res["loaded"] == "ModernBertForSequenceClassification", res
+    assert res["config"]["classifier_pooling"] == "mean", res["config"]
+    diff = float(abs(res["logits"] - ref["logits"]).max())
+    assert abs(ref["logits"]).max() > 0.1 and diff < 1e-4, diff
 
 
 def _make_mlm(folder: str) -> dict:

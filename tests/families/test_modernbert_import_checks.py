@@ -93,3 +93,17 @@ def test_classifier_dropout_survives_import_and_export(tmp_path, task):
     (res,) = run_world(1, _import_and_export, str(tmp_path / "hf"), str(tmp_path / "ckpt"), str(tmp_path / "out"))
     assert res["import"]["rc"] == 0 and res["import"]["verify"]["verified"], res["import"]
     assert res["config"]["classifier_dropout"] == DROPOUT, res["config"]
+
+
+def test_mean_pooling_is_refused_for_a_family_whose_heads_read_cls(tmp_path):
+    """model.classifier_head.pooling=mean with model.family albert (its sequence head reads [CLS]): finetune classify
+    is one config problem naming the key, the value and the family, exit 2, no run folder."""
+    exp = tmp_path / "runs"
+    (rc, text), = run_world(1, run_cli, [
+        "finetune", "classify", "--config", "tiny_classify", "model.family=albert",
+        "model.transformer_block_type=post_ln", "trainer.max_steps=1", f"exp_manager.exp_dir={exp}",
+        "model.classifier_head.pooling=mean"], 40, "\n")
+    problems = [ln for ln in text.splitlines() if ln.lstrip().startswith("- ")]  # the config's list of problems
+    assert rc == 2 and len(problems) == 1, text
+    assert "model.classifier_head.pooling (mean)" in problems[0] and "albert" in problems[0], text
+    assert not exp.exists()

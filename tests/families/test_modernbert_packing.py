@@ -2,8 +2,9 @@
 block mask with its local band inside it, and its rotary positions restart per example.
 
 - Fine-tuning (``model.dataset.packing: true``): a tiny ModernBERT NER / classification model (random weights, an
-  8-token local window that bites, ModernBERT's own head) on the tasks' real micro-batches: the packed batch gives
-  the unpacked batch's per-example logits, loss and every parameter gradient.
+  8-token local window that bites, ModernBERT's own head; classification with [CLS] and with mean pooling) on the
+  tasks' real micro-batches: the packed batch gives the unpacked batch's per-example logits, loss and every
+  parameter gradient.
 - Pretraining (``model.data.packing: documents``, ``model.objective: mlm``: the RoBERTa rows of whole documents): a
   packed ``tiny_modernbert`` run through the real pretraining path gives the same losses at TP2 as at TP1.
 """
@@ -29,7 +30,7 @@ QUIET = ["model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.datas
 HEAD = {"ner": "model.head.fc_dropout=0.0", "classify": "model.classifier_head.fc_dropout=0.0"}
 
 
-def _packed_vs_unpacked(name: str) -> dict:
+def _packed_vs_unpacked(name: str, *extra: str) -> dict:
     """One real micro-batch of ``name`` through a fresh tiny ModernBERT TaskModel, unpacked and packed."""
     import torch
 
@@ -46,7 +47,8 @@ def _packed_vs_unpacked(name: str) -> dict:
     init_distributed()
     init_model_parallel(1, 1, seed=3)
     os.chdir(ROOT)  # the recipes name their fixture data relative to the checkout
-    cfg = load_finetune_config(name, RECIPES[name], [*MODERNBERT, *QUIET, HEAD[name], "model.dataset.packing=true"], 1)
+    over = [*MODERNBERT, *QUIET, HEAD[name], "model.dataset.packing=true", *extra]
+    cfg = load_finetune_config(name, RECIPES[name], over, 1)
     m = cfg.model
     tokenizer = load_tokenizer(resolve_vocab(m.tokenizer.vocab_file), m.tokenizer.do_lower_case)
     task = TASKS[name](cfg, tokenizer, None)
@@ -73,20 +75,23 @@ def _packed_vs_unpacked(name: str) -> dict:
     p_logits, p_loss, p_grad = run(packed)
     real = batch["attention_mask"].bool()
     diff = (p_logits - u_logits)[real] if u_logits.dim() == 3 else p_logits - u_logits
-    return {"head": type(model.head).__name__, "rows": int(packed["packed_input_ids"].shape[0]),
-            "examples": len(indices), "seq": seq, "logits": float(diff.abs().max()), "loss": abs(p_loss - u_loss),
+    return {"head": type(model.head).__name__, "pooling": getattr(model.head, "pooling", None),
+            "rows": int(packed["packed_input_ids"].shape[0]), "examples": len(indices), "seq": seq,
+            "logits": float(diff.abs().max()), "loss": abs(p_loss - u_loss),
             "grads": sorted(p_grad) == sorted(u_grad),
             "grad_rel": max(float((p_grad[k] - u_grad[k]).abs().max() / u_grad[k].abs().max().clamp(min=1e-12))
                             for k in u_grad),
             "outputs": task.outputs(p_logits, packed) == task.outputs(u_logits, batch)}
 
 
-@pytest.mark.parametrize("name", ["ner", "classify"])
-def test_packed_modernbert_batch_equals_unpacked(name):
-    r = run_world(1, _packed_vs_unpacked, name)[0]
+# classify-mean: model.classifier_head.pooling=mean, each example's mean over its own tokens in the packed row
+@pytest.mark.parametrize("name,pooling", [("ner", None), ("classify", "cls"), ("classify", "mean")])
+def test_packed_modernbert_batch_equals_unpacked(name, pooling):
+    extra = [f"model.classifier_head.pooling={pooling}"] if pooling else []
+    r = run_world(1, _packed_vs_unpacked, name, *extra)[0]
     print(f"{name}: {r['examples']} examples in {r['rows']} packed rows; max |logit diff| {r['logits']:.2e}, "
           f"|loss diff| {r['loss']:.2e}, max relative gradient diff {r['grad_rel']:.2e}")
-    assert r["head"] == "ModernBertTaskHead" and r["seq"] > 8  # the 8-token window bites
+    assert r["head"] == "ModernBertTaskHead" and r["pooling"] == pooling and r["seq"] > 8  # the window bites
     assert r["rows"] < r["examples"]  # several examples share a row
     assert r["logits"] < 1e-5 and r["loss"] < 1e-6 and r["outputs"]
     assert r["grads"] and r["grad_rel"] < 1e-4
