@@ -1,7 +1,8 @@
 """What ``import hf`` checks and keeps of a ModernBERT folder beyond its weights: a ``tokenizer.json`` with more tokens
 than config.json's ``vocab_size`` is refused by name (file and both numbers), exit 2, nothing written; ``data
 tokenize`` records a ``tokenizer.json`` vocabulary as the BPE it is (not WordPiece); HF's ``classifier_dropout`` of a
-task class is read at import and written back by ``export hf`` (the round trip keeps config.json's value)."""
+task class is read at import and written back by ``export hf`` (the round trip keeps config.json's value);
+``model.classifier_head.pooling: mean`` (ModernBERT's ``classifier_pooling``) is refused for another family."""
 
 from __future__ import annotations
 
