@@ -101,3 +101,62 @@ def start_world(world_size: int, fn: Callable, *args) -> World:
 
 def run_world(world_size: int, fn: Callable, *args, timeout: float = 300.0) -> list:
     return start_world(world_size, fn, *args).join(timeout)
+
+
+@dataclass
+class Ran:
+    """What :func:`cli_forked` saw: as ``subprocess.CompletedProcess`` names it."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _cli_child(argv: list[str], env: dict[str, str], umask: int | None, out: str, err: str) -> None:
+    os.setpgrp()
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(var, None)  # a plain ``bio-megatron`` command, not a rank of a launcher's world
+    os.environ.update(env)
+    if umask is not None:
+        os.umask(umask)
+    code = 1
+    with open(out, "w", encoding="utf-8") as fo, open(err, "w", encoding="utf-8") as fe:
+        os.dup2(fo.fileno(), 1)
+        os.dup2(fe.fileno(), 2)
+        import sys
+
+        sys.stdout, sys.stderr = fo, fe
+        try:
+            from bio_megatron.cli import main
+            from bio_megatron.utils.log import setup_logging
+
+            setup_logging(force=True)  # the project logger writes to this process's stderr, not the parent's
+            code = main(argv)
+        except SystemExit as exc:  # argparse's usage errors
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            mp.util._exit_function()
+    os._exit(code)
+
+
+def cli_forked(argv: list[str], env: dict[str, str] | None = None, umask: int | None = None,
+               timeout: float = 300.0) -> Ran:
+    """``bio-megatron argv`` as a command of its own (its own process, exit code, stdout and stderr), forked from
+    this process, which has imported torch, megatron-core and transformers already: the same CLI a user runs, without
+    paying those imports again for every command a test runs (seconds each on the CI's two cores)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cli_forked_") as tmp:
+        out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
+        proc = _CTX.Process(target=_cli_child, args=(list(argv), dict(env or {}), umask, out, err))
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.join()
+            raise TimeoutError(f"bio-megatron {' '.join(argv)} did not finish in {timeout} s")
+        with open(out, encoding="utf-8") as fo, open(err, encoding="utf-8") as fe:
+            return Ran(proc.exitcode, fo.read(), fe.read())

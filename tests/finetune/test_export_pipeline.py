@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ft_runs import finetune_rank
-from harness import run_world
+from harness import cli_forked, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
 BC5CDR = ROOT / "tests" / "fixtures" / "ner" / "bc5cdr_chem_devel_head.tsv"
@@ -31,14 +31,12 @@ TRAIN = ["trainer.max_steps=200", "trainer.val_check_interval=200", f"model.data
          "model.dataset.max_eval_examples=16", "model.dataset.test_file=null", "model.global_batch_size=8",
          "model.optim.lr=5e-3", "model.optim.sched.warmup_ratio=0", "model.head.fc_dropout=0",
          "model.hidden_dropout=0", "model.attention_dropout=0"]
-OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-           "OMP_NUM_THREADS": "1"}
+OFFLINE_VARS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+OFFLINE = {**os.environ, **OFFLINE_VARS, "OMP_NUM_THREADS": "1"}
 
 
 def _export(ckpt: Path, out: Path, umask: int) -> None:
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "export", "hf", "--checkpoint", str(ckpt),
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, env=OFFLINE,
-                          preexec_fn=lambda: os.umask(umask))
+    done = cli_forked(["export", "hf", "--checkpoint", str(ckpt), "--out", str(out)], env=OFFLINE_VARS, umask=umask)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
@@ -127,14 +125,28 @@ def _random_head(src: Path, dst: Path) -> None:
     save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
 
 
-PIPELINE = """
-import json, sys
-from transformers import pipeline
-folder, strategy, texts = sys.argv[1], sys.argv[2], json.loads(open(sys.argv[3]).read())
-pipe = pipeline("token-classification", model=folder, aggregation_strategy=strategy, device="cpu")
-print(json.dumps([[{"type": e["entity_group"], "start": int(e["start"]), "end": int(e["end"]),
-                    "score": float(e["score"])} for e in pipe(t)] for t in texts]))
-"""
+def _pipeline_entities(folder: str, strategies: tuple[str, ...], texts: list[str]) -> dict[str, list]:
+    """transformers' own ``pipeline("token-classification")`` on the folder alone, offline, per strategy: the
+    entities of each text (run in a forked process: :func:`run_world`)."""
+    import huggingface_hub.constants
+    from transformers import pipeline
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True  # the folder alone: nothing may come from the Hub
+    out = {}
+    for strategy in strategies:
+        pipe = pipeline("token-classification", model=folder, aggregation_strategy=strategy, device="cpu")
+        out[strategy] = [[{"type": e["entity_group"], "start": int(e["start"]), "end": int(e["end"]),
+                           "score": float(e["score"])} for e in pipe(t)] for t in texts]
+    return out
+
+
+def _predict_ner(checkpoint: Path, texts: list[str], tmp: Path) -> list[list[dict]]:
+    """``bio-megatron predict ner`` on ``texts`` (one document per line): each document's entities."""
+    (tmp / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    done = cli_forked(["predict", "ner", "--checkpoint", str(checkpoint), "--input", str(tmp / "docs.txt"), "--out",
+                       str(tmp / "pred.jsonl")], env=OFFLINE_VARS)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line)["entities"] for line in (tmp / "pred.jsonl").read_text().splitlines()]
 
 
 def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
@@ -145,17 +157,9 @@ def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
     _random_head(ner_export["hf"], hf)
     texts = _sentences(40)
     assert len(texts) >= 20
-    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "predict", "ner", "--checkpoint", str(hf), "--input",
-                           str(tmp_path / "docs.txt"), "--out", str(tmp_path / "pred.jsonl")],
-                          capture_output=True, text=True, timeout=300, env=OFFLINE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    ours = [json.loads(line)["entities"] for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    (tmp_path / "texts.json").write_text(json.dumps(texts))
-    done = subprocess.run([sys.executable, "-c", PIPELINE, str(hf), "first", str(tmp_path / "texts.json")],
-                          capture_output=True, text=True, timeout=300, env=OFFLINE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = _predict_ner(hf, texts, tmp_path)
+    (theirs,) = run_world(1, _pipeline_entities, str(hf), ("first",), texts)
+    theirs = theirs["first"]
     n_entities = sum(map(len, ours))
     multi_word = sum(1 for doc in ours for e in doc if " " in e["text"])
     assert n_entities >= 50 and multi_word >= 5, (n_entities, multi_word)  # the head tags a real mixture
@@ -167,17 +171,6 @@ def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
             assert e["text"] == text[e["start"]:e["end"]]
 
 
-PIPELINES = """
-import json, sys
-from transformers import pipeline
-folder, texts = sys.argv[1], json.loads(open(sys.argv[2]).read())
-out = {}
-for strategy in ("simple", "first"):
-    pipe = pipeline("token-classification", model=folder, aggregation_strategy=strategy, device="cpu")
-    out[strategy] = [[{"type": e["entity_group"], "start": int(e["start"]), "end": int(e["end"]),
-                       "score": float(e["score"])} for e in pipe(t)] for t in texts]
-print(json.dumps(out))
-"""
 
 
 def test_simple_and_first_aggregation_group_the_entities_predict_ner_finds(ner_export, tmp_path):
@@ -191,18 +184,8 @@ def test_simple_and_first_aggregation_group_the_entities_predict_ner_finds(ner_e
     from bio_megatron.tasks.ner_data import read_iob
 
     texts = [" ".join(s.words) for s in read_iob(TRAIN_FILE)[:N_TRAIN]]
-    (tmp_path / "docs.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "predict", "ner", "--checkpoint",
-                           str(ner_export["hf"]), "--input", str(tmp_path / "docs.txt"), "--out",
-                           str(tmp_path / "pred.jsonl")],
-                          capture_output=True, text=True, timeout=300, env=OFFLINE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    ours = [json.loads(line)["entities"] for line in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    (tmp_path / "texts.json").write_text(json.dumps(texts))
-    done = subprocess.run([sys.executable, "-c", PIPELINES, str(ner_export["hf"]), str(tmp_path / "texts.json")],
-                          capture_output=True, text=True, timeout=300, env=OFFLINE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    ours = _predict_ner(ner_export["hf"], texts, tmp_path)
+    (theirs,) = run_world(1, _pipeline_entities, str(ner_export["hf"]), ("simple", "first"), texts)
     # what makes the comparison mean something: many entities, and entity words of several sub-tokens
     tok = AutoTokenizer.from_pretrained(ner_export["hf"])
     pieces = sum(len(tok.tokenize(text[e["start"]:e["end"]])) > 1 for doc, text in zip(ours, texts) for e in doc)
@@ -240,13 +223,12 @@ def test_overwrite_refuses_a_model_card_the_user_edited(ner_export):
 
     out = ner_export["tmp"] / "edited"
     shutil.copytree(ner_export["hf"], out)
-    argv = [sys.executable, "-m", "bio_megatron", "export", "hf", "--checkpoint", str(ner_export["ckpt"]),
-            "--out", str(out), "--overwrite"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=OFFLINE)
+    argv = ["export", "hf", "--checkpoint", str(ner_export["ckpt"]), "--out", str(out), "--overwrite"]
+    done = cli_forked(argv, env=OFFLINE_VARS)
     assert done.returncode == 0, done.stderr[-2000:]  # our own card: replaced
     card = out / "README.md"
     card.write_text(card.read_text(encoding="utf-8") + "\n## Intended use\nResearch only.\n", encoding="utf-8")
     before = tree_digest(out)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=OFFLINE)
+    done = cli_forked(argv, env=OFFLINE_VARS)
     assert done.returncode == 2 and f"{card}: edited since" in done.stderr, done.stderr[-2000:]
     assert tree_digest(out) == before

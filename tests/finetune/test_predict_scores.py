@@ -9,18 +9,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-from harness import run_world
+from harness import cli_forked, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "blurb"
 RECIPE = ROOT / "nemo_configs" / "classify" / "tiny_classify.yaml"
-OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore",
-           "OMP_NUM_THREADS": "1"}
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 # task_name -> (fixture folder, overrides): DDI with the head transformers computes (exports), HoC NeMo's
 RUNS = {"ddi": ("DDI", ["model.transformer_block_type=post_ln"]), "hoc": ("HoC", [])}
 
@@ -34,8 +31,7 @@ def _finetune(over: list[str]) -> dict:
 
 
 def _cli(*argv: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", *argv], capture_output=True, text=True,
-                          timeout=300, env=OFFLINE)
+    done = cli_forked(list(argv), env=OFFLINE)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
 
@@ -54,12 +50,15 @@ def _run(task_name: str, tmp: Path) -> tuple[dict, Path, list[dict]]:
     return res, gold, [json.loads(line) for line in pred.read_text().splitlines()]
 
 
-PIPELINE = """
-import json, sys
-from transformers import pipeline
-pipe = pipeline("text-classification", model=sys.argv[1], top_k=None, device="cpu")
-print(json.dumps([{r["label"]: float(r["score"]) for r in out} for out in pipe(json.loads(sys.argv[2]))]))
-"""
+def _pipeline_scores(folder: str, texts: list[str]) -> list[dict[str, float]]:
+    """transformers' own ``pipeline("text-classification", top_k=None)`` on the folder alone, offline: every
+    label's score per text (run in a forked process: :func:`run_world`)."""
+    import huggingface_hub.constants
+    from transformers import pipeline
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+    pipe = pipeline("text-classification", model=folder, top_k=None, device="cpu")
+    return [{r["label"]: float(r["score"]) for r in out} for out in pipe(texts)]
 
 
 def test_single_label_probabilities_equal_transformers_pipeline(tmp_path):
@@ -74,10 +73,7 @@ def test_single_label_probabilities_equal_transformers_pipeline(tmp_path):
         assert p["label"] == max(probs, key=probs.get) and p["probability"] == probs[p["label"]]
     _cli("export", "hf", "--checkpoint", res["checkpoint"], "--out", str(tmp_path / "hf"))
     texts = [line.split("\t")[1] for line in gold.read_text(encoding="utf-8").splitlines()]
-    done = subprocess.run([sys.executable, "-c", PIPELINE, str(tmp_path / "hf"), json.dumps(texts)],
-                          capture_output=True, text=True, timeout=300, env=OFFLINE)
-    assert done.returncode == 0, done.stderr[-2000:]
-    theirs = json.loads(done.stdout.strip().splitlines()[-1])
+    (theirs,) = run_world(1, _pipeline_scores, str(tmp_path / "hf"), texts)
     for p, t in zip(preds, theirs):
         assert set(t) == set(labels) and all(abs(p["probabilities"][k] - t[k]) < 1e-4 for k in t), (p, t)
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import io
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import torch
 from finetune.ft_runs import finetune_rank
-from harness import run_world
+from harness import cli_forked, run_world
 
 from interchange.test_megatron_lm import _outputs
 
@@ -116,8 +115,8 @@ def test_names_and_config_are_nemos(ours, tmp_path):
     from bio_megatron.formats.safe_load import safe_torch_load
 
     archive = tmp_path / "m.nemo"
-    subprocess.run([sys.executable, "-m", "bio_megatron", "export", "nemo", "--checkpoint", str(ours), "--out",
-                    str(archive)], check=True, capture_output=True)
+    r = cli_forked(["export", "nemo", "--checkpoint", str(ours), "--out", str(archive)])
+    assert r.returncode == 0, r.stderr[-2000:]
     with tarfile.open(archive) as tf:
         sd = safe_torch_load(io.BytesIO(tf.extractfile("./model_weights.ckpt").read()), "w")
         cfg = OmegaConf.create(tf.extractfile("./model_config.yaml").read().decode())
@@ -181,8 +180,7 @@ def test_unsafe_archives_are_refused(tmp_path):
         return path
 
     for path, expect in ((archive("../evil.txt", b"x"), "'..'"), (archive("/abs.txt", b"x"), "absolute")):
-        r = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "nemo", "--model", str(path), "--out",
-                            str(tmp_path / "o")], capture_output=True, text=True)
+        r = cli_forked(["import", "nemo", "--model", str(path), "--out", str(tmp_path / "o")])
         assert r.returncode == 2 and expect in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert not (tmp_path.parent / "evil.txt").exists()
     buf = io.BytesIO()
@@ -194,6 +192,5 @@ def test_unsafe_archives_are_refused(tmp_path):
     path = tmp_path / "pickle.nemo"
     with tarfile.open(path, "w:") as tf:
         tf.add(str(bad), arcname=".")
-    r = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "nemo", "--model", str(path), "--out",
-                        str(tmp_path / "o2")], capture_output=True, text=True)
+    r = cli_forked(["import", "nemo", "--model", str(path), "--out", str(tmp_path / "o2")])
     assert r.returncode == 2 and "refusing to load" in r.stderr, r.stderr
