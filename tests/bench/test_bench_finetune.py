@@ -25,28 +25,37 @@ def _ratios(line: str) -> float:
     return float(value)
 
 
-def test_bench_finetune_ner_step_and_epoch(tmp_path, capsys):
+@pytest.mark.parametrize("part", ["step", pytest.param("epoch", marks=pytest.mark.extended)])
+def test_bench_finetune_ner(part, tmp_path, capsys):
+    """One part per run (``--skip-epoch`` / ``--skip-step``): each side of each part is a process of its own, and
+    the default suite keeps the step's two (the epoch's whole-process runs are in the extended suite)."""
     out = tmp_path / "bench.json"
+    skip = "--skip-epoch" if part == "step" else "--skip-step"
     rc = main(["bench", "finetune", "--ner-train", str(NER_TRAIN), "--ner-dev", str(NER_DEV), "--limit", "8",
-               "--dev-limit", "4", "--batch", "4", "--steps", "2", "--warmup", "1", "--json", str(out)])
+               "--dev-limit", "4", "--batch", "4", "--steps", "2", "--warmup", "1", skip, "--json", str(out)])
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     res = json.loads(out.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # nothing else left behind
-    step, epoch = res["tasks"]["ner"]["step"], res["tasks"]["ner"]["epoch"]
+    assert list(res["tasks"]["ner"]) == ["train", "dev", part]
+    assert lines[-1].startswith("finetune model: tiny BERT (seeded")
+    if part == "step":
+        step = res["tasks"]["ner"]["step"]
+        for side in ("ours", "transformers"):
+            assert len(step[side]["step_s"]) == 2 and step[side]["examples_per_s"] > 0
+        assert abs(step["ratio_examples_per_s"] - step["ours"]["examples_per_s"] / step["transformers"]["examples_per_s"]) < 1e-9
+        assert step["ratio_median_step"] > 0
+        (step_line,) = [x for x in lines if x.startswith("finetune ner step")]
+        assert abs(_ratios(step_line) - step["ratio_examples_per_s"]) < 0.006
+        return
+    epoch = res["tasks"]["ner"]["epoch"]
     for side in ("ours", "transformers"):
-        assert len(step[side]["step_s"]) == 2 and step[side]["examples_per_s"] > 0
         assert epoch[side]["wall_s"] > 0 and epoch[side]["peak_rss_mib"] > 100  # a real process with torch in it
-    assert abs(step["ratio_examples_per_s"] - step["ours"]["examples_per_s"] / step["transformers"]["examples_per_s"]) < 1e-9
-    assert step["ratio_median_step"] > 0
     assert epoch["train_examples"] == 8 and epoch["dev_examples"] == 4 and epoch["steps"] == 2  # the same data
     assert epoch["ours"]["train_seconds"] > 0  # our run finished and wrote results.json
     assert set(epoch["transformers"]["phases_s"]) == {"imports", "load", "data", "train", "dev", "save"}
-    (step_line,) = [x for x in lines if x.startswith("finetune ner step")]
     (epoch_line,) = [x for x in lines if x.startswith("finetune ner epoch")]
-    assert abs(_ratios(step_line) - step["ratio_examples_per_s"]) < 0.006
     assert abs(_ratios(epoch_line) - epoch["ratio_whole_process"]) < 0.006
-    assert lines[-1].startswith("finetune model: tiny BERT (seeded")
 
 
 @pytest.mark.extended  # ~16 s (two more processes); the default suite keeps the unpacked NER case
