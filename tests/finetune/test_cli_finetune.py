@@ -4,21 +4,19 @@ fail through the CLI with file and line, a clean message and exit code 2."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import Ran, cli_forked
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {t: str(ROOT / "nemo_configs" / t / f"tiny_{t}.yaml") for t in ("ner", "re", "qa")}
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bio_megatron", *args], cwd=cwd, env=ENV, capture_output=True,
-                          text=True, timeout=300)
+def cli(*args: str) -> Ran:
+    """``bio-megatron args`` as a process of its own, forked from this one (run from ROOT: the caller chdirs)."""
+    return cli_forked(list(args), env=ENV, timeout=300)
 
 
 def in_process(capsys, *args: str) -> tuple[int, str]:
@@ -38,7 +36,8 @@ def in_process(capsys, *args: str) -> tuple[int, str]:
     return rc, capsys.readouterr().err
 
 
-def test_finetune_seeds_export_predict(tmp_path):
+def test_finetune_seeds_export_predict(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the commands ran from the repository root
     run = cli("finetune", "ner", "--config", TINY["ner"], "--seeds", "1,2", "trainer.max_steps=4",
               "trainer.val_check_interval=4", "model.dataset.max_eval_examples=24", f"exp_manager.exp_dir={tmp_path}")
     assert run.returncode == 0, run.stderr[-3000:]
