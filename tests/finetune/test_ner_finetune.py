@@ -4,12 +4,10 @@ and a learning check."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 from ft_runs import ROOT, finetune_rank
-from harness import run_world
+from harness import cli_forked, run_world
 
 QUICK = ["trainer.max_steps=3", "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.head.fc_dropout=0.0",
          "model.head.num_fc_layers=2", "model.fc_hidden_size=48", "model.dataset.max_eval_examples=16",
@@ -72,8 +70,8 @@ def test_learning_check_bc5cdr_chem(tmp_path):
     # the test predictions, as conlleval columns, score the same with `bio-megatron evaluate ner`
     conll = Path(res["test_predictions"])
     assert conll.suffix == ".conll"
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "evaluate", "ner", "--input", str(conll)],
-                          capture_output=True, text=True, check=True)
+    done = cli_forked(["evaluate", "ner", "--input", str(conll)])
+    assert done.returncode == 0, done.stderr[-2000:]
     assert abs(json.loads(done.stdout)["f1"] - res["test"]["f1"]) < 1e-9
     found = [(doc, e) for doc, ents in res["predicted"] for e in ents]
     assert len(found) >= 5  # the trained tagger finds chemicals in raw text ...
