@@ -5,14 +5,13 @@ shape (BERT-base: transformers' ``BertConfig`` defaults; BERT-large: Devlin et a
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from harness import cli_forked
 
 from bio_megatron.config.pretrain import load_pretrain_config
 
@@ -26,10 +25,9 @@ BERT_LARGE = dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16
 
 
 def _dry_run(recipe: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bio_megatron", "pretrain", "--config", recipe,
-                          f"model.tokenizer.vocab_file={VOCAB}", "--dry-run", "--skip-path-checks"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT,
-                         env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    with contextlib.chdir(ROOT):  # the forked command starts where the subprocess did: recipe names resolve there
+        out = cli_forked(["pretrain", "--config", recipe, f"model.tokenizer.vocab_file={VOCAB}", "--dry-run",
+                          "--skip-path-checks"], env={"PYTHONWARNINGS": "ignore"}, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
