@@ -9,16 +9,25 @@ import math
 import os
 import re
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ft_runs import RECIPES, ROOT
-from harness import run_world
+from harness import Ran, cli_forked, run_world
 
 DECAY, LR, LAYERS = 0.8, 1e-3, 4  # the tiny size has 4 layers
+
+
+def _cli(argv: list[str]) -> Ran:
+    """``bio-megatron argv`` run from the repository root (recipes by name), a process of its own forked from this
+    one; the test process's working directory is restored."""
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        return cli_forked(argv, env={"OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}, timeout=300)
+    finally:
+        os.chdir(cwd)
 
 
 def _layer_lrs(tp: int, pp: int) -> dict:
@@ -97,14 +106,12 @@ def grid_run(tmp_path_factory) -> tuple[Path, dict]:
     """(the sweep folder, its printed summary) of ``finetune ner --grid model.optim.lr=... --seeds 1`` with early
     stopping on val_loss, patience 1, dev every 2 steps, at most 8 steps."""
     exp = tmp_path_factory.mktemp("protocols")
-    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "ner", "--config", "tiny_ner",
-                           "trainer.max_steps=8", "trainer.val_check_interval=2", "model.dataset.max_train_examples=32",
-                           "model.dataset.max_eval_examples=16", f"exp_manager.exp_dir={exp}",
-                           "exp_manager.create_early_stopping_callback=true",
-                           "exp_manager.early_stopping_callback_params.patience=1",
-                           "--grid", f"model.optim.lr={','.join(GRID_LRS)}", "--seeds", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    proc = _cli(["finetune", "ner", "--config", "tiny_ner",
+                 "trainer.max_steps=8", "trainer.val_check_interval=2", "model.dataset.max_train_examples=32",
+                 "model.dataset.max_eval_examples=16", f"exp_manager.exp_dir={exp}",
+                 "exp_manager.create_early_stopping_callback=true",
+                 "exp_manager.early_stopping_callback_params.patience=1",
+                 "--grid", f"model.optim.lr={','.join(GRID_LRS)}", "--seeds", "1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return exp / "tiny_ner", json.loads(proc.stdout)
 
@@ -179,13 +186,11 @@ def _write_folds(root: Path) -> Path:
 
 def test_cross_validation_tunes_on_fold_1_and_reports_the_median_of_the_others(tmp_path):
     data, exp = _write_folds(tmp_path / "gad"), tmp_path / "runs"
-    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "classify", "--config", "tiny_classify",
-                           f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
-                           "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv",
-                           "trainer.max_steps=2", "trainer.val_check_interval=2", f"exp_manager.exp_dir={exp}",
-                           "--folds", "1-3", "--grid", "model.optim.lr=0.001,1e-09", "--seeds", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    proc = _cli(["finetune", "classify", "--config", "tiny_classify",
+                 f"model.dataset.data_dir={data}", "model.dataset.train_file=train.tsv",
+                 "model.dataset.dev_file=test.tsv", "model.dataset.test_file=test.tsv",
+                 "trainer.max_steps=2", "trainer.val_check_interval=2", f"exp_manager.exp_dir={exp}",
+                 "--folds", "1-3", "--grid", "model.optim.lr=0.001,1e-09", "--seeds", "1"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout)
     out = exp / "tiny_classify"
