@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from distill_runs import distill_overrides
-from harness import run_world
+from harness import cli_forked, run_world
 from reliability.files import tree_digest
 
 
@@ -65,14 +65,11 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case: str, pubmed_pref
 
 def test_dry_run_shows_the_teacher_as_the_run_builds_it(pubmed_prefix, distill_teacher, tmp_path) -> None:
     import json
-    import subprocess
-    import sys
 
     from distill_runs import TINY_DISTILL
 
     over = distill_overrides(pubmed_prefix, tmp_path, "student", distill_teacher)
-    res = subprocess.run([sys.executable, "-m", "bio_megatron", "distill", "--config", str(TINY_DISTILL), "--dry-run",
-                          *over], capture_output=True, text=True, timeout=120)
+    res = cli_forked(["distill", "--config", str(TINY_DISTILL), "--dry-run", *over], timeout=120)
     assert res.returncode == 0, res.stderr
     teacher = json.loads(res.stdout)["teacher"]
     assert teacher == {"path": teacher["path"], "kind": "checkpoint", "family": "megatron_bert", "num_layers": 4,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from harness import run_world
+from harness import cli_forked, run_world
 
 from bio_megatron.families import FAMILIES
 from bio_megatron.families.base import COMMON_SHAPE_KEYS
@@ -84,17 +84,16 @@ def test_dry_run_prints_the_built_models_count(tmp_path):
     """``pretrain --dry-run --skip-path-checks`` of the BERT, ELECTRA and ALBERT recipes prints the parameters of
     the model those recipes build (with the recipe's vocabulary); before the member, ELECTRA's and ALBERT's counts
     were special cases in cli/dry_run.py and training/memory.py."""
+    import contextlib
     import json
-    import subprocess
-    import sys
 
     recipes = {n: RECIPES[n] for n in ("megatron_bert", "electra", "albert")}
     printed, vocabs = {}, {}
     for name, recipe in recipes.items():
         path = ROOT / "nemo_configs" / "pretrain" / f"{recipe}.yaml"
-        run = subprocess.run([sys.executable, "-m", "bio_megatron", "pretrain", "--config", str(path), "--dry-run",
-                              "--skip-path-checks", f"exp_manager.exp_dir={tmp_path}"],
-                             capture_output=True, text=True, cwd=ROOT, timeout=120)
+        with contextlib.chdir(ROOT):  # where the subprocess ran: the recipe's relative vocabulary resolves there
+            run = cli_forked(["pretrain", "--config", str(path), "--dry-run", "--skip-path-checks",
+                              f"exp_manager.exp_dir={tmp_path}"], timeout=120)
         assert run.returncode == 0, run.stderr[-2000:]
         report = json.loads(run.stdout[run.stdout.index("{"):])
         printed[name], vocabs[name] = report["parameters"], report["vocab_size"]
