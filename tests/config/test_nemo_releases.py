@@ -9,14 +9,14 @@ one warning of keys without effect: never fatal."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import cli_forked
 from omegaconf import OmegaConf
 
 from config.test_nemo_configs import _run  # the CLI in-process: exit code, printed JSON, project records
@@ -239,12 +239,13 @@ def test_gpus_of_the_file_and_devices_of_the_command_line(pubmed_prefix, capsys)
 
 
 def test_cli_process_warns_once_per_key(data):
-    """``python -m bio_megatron`` on a NeMo 1.0 config: exit 0, each Lightning 1.x key named once on stderr."""
+    """The CLI as a process of its own (its own stdout and stderr) on a NeMo 1.0 config: exit 0, each Lightning 1.x
+    key named once on stderr."""
     path = NEMO / "v1" / "text_classification_config.v1.0.0.yaml"
-    proc = subprocess.run([sys.executable, "-m", "bio_megatron", "finetune", "re", "--config", str(path), "--dry-run",
-                           "trainer.gpus=1", "model.dataset.num_classes=2", f"model.train_ds.file_path={data['re']}",
-                           f"model.validation_ds.file_path={data['re']}", "--skip-path-checks"], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+    with contextlib.chdir(ROOT):  # where the subprocess ran
+        proc = cli_forked(["finetune", "re", "--config", str(path), "--dry-run", "trainer.gpus=1",
+                           "model.dataset.num_classes=2", f"model.train_ds.file_path={data['re']}",
+                           f"model.validation_ds.file_path={data['re']}", "--skip-path-checks"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout)["config"]["trainer"]["max_steps"] == -1
     for key in ("trainer.amp_level", "trainer.checkpoint_callback", "trainer.resume_from_checkpoint",
