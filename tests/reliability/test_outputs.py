@@ -11,6 +11,7 @@ ends without a BrokenPipeError traceback.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -36,10 +37,13 @@ def _siblings(target: Path) -> list[str]:
     return sorted(p.name for p in target.parent.iterdir() if p.name.startswith(f".{target.name}."))
 
 
-def _cli(*argv: str) -> subprocess.CompletedProcess:
-    """The CLI in a fresh process (what writes a checkpoint starts torch.distributed)."""
-    return subprocess.run([sys.executable, "-m", "bio_megatron", *argv], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+def _cli(*argv: str):
+    """The CLI as a process of its own (what writes a checkpoint starts torch.distributed), forked from this one:
+    exit code, stdout and stderr as ``subprocess.CompletedProcess`` names them."""
+    from harness import cli_forked
+
+    with contextlib.chdir(REPO):  # where the subprocess ran
+        return cli_forked(list(argv), env={"OMP_NUM_THREADS": "1"}, timeout=300)
 
 
 def _main_child(argv: list[str]) -> dict:
