@@ -17,15 +17,13 @@ import argparse
 import contextlib
 import io
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 from finetune.ft_runs import finetune_rank
-from harness import run_world
+from harness import cli_forked, run_world
 
 TEXT = "Naloxone reverses the antihypertensive effect of clonidine in rats."
 _FT = ["trainer.max_steps=4", "model.dataset.max_eval_examples=8", "model.dataset.test_file=null",
@@ -38,8 +36,8 @@ def archive(tmp_path_factory) -> dict:
     run_world(1, finetune_rank, "ner", _FT + [f"exp_manager.exp_dir={root}", "exp_manager.name=ner"])
     ckpt = root / "ner" / "checkpoints"
     nemo = root / "ner.nemo"
-    subprocess.run([sys.executable, "-m", "bio_megatron", "export", "nemo", "--checkpoint", str(ckpt), "--out",
-                    str(nemo)], check=True, capture_output=True)
+    r = cli_forked(["export", "nemo", "--checkpoint", str(ckpt), "--out", str(nemo)])
+    assert r.returncode == 0, r.stderr[-2000:]
     return {"root": root, "ckpt": ckpt, "nemo": nemo}
 
 
@@ -100,8 +98,7 @@ def test_predict_reads_a_nemo_archive(archive, tmp_path):
     assert res["diff"] == 0.0 and res["labels"][0] == res["labels"][1] and res["origin"] == str(archive["nemo"])
     assert res["entities"][0] == res["entities"][1]
     (tmp_path / "doc.txt").write_text(TEXT + "\n")
-    r = subprocess.run([sys.executable, "-m", "bio_megatron", "predict", "ner", "--checkpoint", str(archive["nemo"]),
-                        "--input", str(tmp_path / "doc.txt")], capture_output=True, text=True)
+    r = cli_forked(["predict", "ner", "--checkpoint", str(archive["nemo"]), "--input", str(tmp_path / "doc.txt")])
     assert r.returncode == 0, r.stderr
     assert "entities" in json.loads(r.stdout.splitlines()[0])
 
