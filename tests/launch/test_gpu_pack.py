@@ -95,6 +95,8 @@ def test_pack_over_the_limit_is_refused_and_writes_nothing(pack, tmp_path):
     # pip takes the same pinned wheels from the module's pack instead of the index: the same download, the same
     # size check, without a second round of index look-ups (seconds)
     proc = _pack(out, "--limit-mib", "1", env={"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(pack)})
+    if proc.returncode == 2 and "pip download failed" in proc.stderr:  # a make gpu-pack of other pins: the index
+        proc = _pack(out, "--limit-mib", "1")
     if "no network" in proc.stderr:
         pytest.skip("no package index reachable")
     assert proc.returncode == 2
