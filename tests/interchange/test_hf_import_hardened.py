@@ -13,12 +13,10 @@ import contextlib
 import io
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from harness import run_world
+from harness import cli_forked, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCAB_FILE = ROOT / "bio_megatron" / "resources" / "vocab" / "bert_base_uncased_vocab.txt"
@@ -78,8 +76,7 @@ def _cli(*argv: str) -> tuple[int, dict | None, str]:
 
 def _refused(folder: Path, out: Path) -> str:
     """``bio-megatron import hf`` as a user runs it: exit 2, one line on stderr, nothing written."""
-    r = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "hf", "--model", str(folder), "--out",
-                        str(out)], capture_output=True, text=True)
+    r = cli_forked(["import", "hf", "--model", str(folder), "--out", str(out)])
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not out.exists()
     return r.stderr
