@@ -21,14 +21,12 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import zlib
 from pathlib import Path
 
 import pytest
 import torch
-from harness import run_world
+from harness import cli_forked, run_world
 
 from engine.pretrain_runs import TINY, overrides
 
@@ -161,16 +159,15 @@ def test_tp2pp2_import_equals_source(saved, tmp_path):
 
 def test_cli_verify_and_refusals(saved, tmp_path):
     """--verify through the CLI prints the max difference (transformers vs ours); a wrong vocabulary is refused."""
-    cli = [sys.executable, "-m", "bio_megatron", "import", "megatron-lm", "--checkpoint", str(saved["mlm"])]
-    ok = subprocess.run(cli + ["--vocab", str(saved["vocab"]), "--out", str(tmp_path / "v"), "--verify"],
-                        capture_output=True, text=True)
+    cli = ["import", "megatron-lm", "--checkpoint", str(saved["mlm"])]
+    ok = cli_forked(cli + ["--vocab", str(saved["vocab"]), "--out", str(tmp_path / "v"), "--verify"])
     assert ok.returncode == 0, ok.stderr[-2000:]
     report = json.loads(ok.stdout)["verify"]
     print(f"import megatron-lm --verify: max |logit diff| {report['max_abs_diff']:.3g} {report['outputs']}")
     assert report["verified"] and report["max_abs_diff"] < 1e-4 and set(report["outputs"]) == {"mlm", "nsp"}
     small = tmp_path / "small_vocab.txt"
     small.write_text("\n".join(saved["vocab"].read_text().splitlines()[:200]) + "\n")
-    bad = subprocess.run(cli + ["--vocab", str(small), "--out", str(tmp_path / "w")], capture_output=True, text=True)
+    bad = cli_forked(cli + ["--vocab", str(small), "--out", str(tmp_path / "w")])
     assert bad.returncode == 2 and "wrong vocabulary file?" in bad.stderr and "Traceback" not in bad.stderr
 
 
