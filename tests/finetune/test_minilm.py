@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from harness import run_world
+from harness import cli_forked, run_world
 from lexicon import lexicon_f1
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,9 +37,8 @@ def _finetune(over: list[str]) -> dict:
 
 def test_minilm_finetuned_on_bc5cdr_chem_beats_the_word_lexicon(tmp_path):
     ckpt = tmp_path / "minilm"
-    out = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "hf", "--model",
-                          str(minilm.get_model_path()), "--out", str(ckpt)],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    out = cli_forked(["import", "hf", "--model", str(minilm.get_model_path()), "--out", str(ckpt)],
+                     env={"PYTHONWARNINGS": "ignore"}, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     over = [f"model.restore_from_path={ckpt}", f"model.dataset.data_dir={DATA}", f"exp_manager.exp_dir={tmp_path}",
             f"model.dataset.max_train_examples={N_TRAIN}", f"model.dataset.max_eval_examples={N_TEST}",
