@@ -493,10 +493,6 @@ def modernbert_problems(m: ModelConfig) -> list[str]:
                 for k in keys if getattr(m, k) is not None]
     problems = [f"model.{k} ({getattr(m, k)}) must be > 0" for k in keys
                 if getattr(m, k) is not None and not getattr(m, k) > 0]
-    if m.pipeline_model_parallel_size != 1:
-        problems.append(f"model.family (modernbert) needs model.pipeline_model_parallel_size=1 (got "
-                        f"{m.pipeline_model_parallel_size}): its model is one stage (the layers' global/local "
-                        "pattern and the tied MLM decoder are not split into pipeline stages)")
     if m.transformer_block_type != "pre_ln":
         problems.append(f"model.family (modernbert) is pre-LN: set model.transformer_block_type=pre_ln (got "
                         f"{m.transformer_block_type})")

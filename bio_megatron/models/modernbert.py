@@ -27,7 +27,12 @@ State names (TP1; :mod:`bio_megatron.families.modernbert` maps them to HF)::
         mlp.linear_fc1.weight [2F, H] ([x; gate]), mlp.linear_fc2.weight [H, F]
     encoder.final_layernorm.weight, lm_head.dense.weight, lm_head.norm.weight, output_layer.bias [V]
 
-Pipeline parallelism and sequence parallelism are refused by the config (``config/pretrain.py::modernbert_problems``).
+Pipeline parallelism is megatron-core's: :class:`ModernBertModel` is a ``LanguageModule`` split by stage (embedding
+on the first, this stage's layers of the ``TransformerBlock``, final norm + MLM head + output layer on the last),
+the output layer tied to the word embeddings across stages by ``setup_embeddings_and_output_layer`` and the
+embedding group's gradient all-reduce in ``finalize_model_grads``. Each layer's global/local choice and RoPE base
+come from its GLOBAL layer number (megatron adds the stage's offset), so a layer is the same on any stage.
+Sequence parallelism is refused by the config (``config/pretrain.py::modernbert_problems``).
 """
 
 from __future__ import annotations
@@ -37,20 +42,26 @@ import dataclasses
 
 import torch
 import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
 from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
 from megatron.core.transformer.attention import SelfAttention
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import ModelType
 from megatron.core.transformer.spec_utils import ModuleSpec
-from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+from megatron.core.transformer.transformer_block import (TransformerBlock, TransformerBlockSubmodules,
+                                                         get_num_layers_to_build)
 from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.models.attention import is_packed, packed_attention_mask, packed_position_ids
-from bio_megatron.models.bert import transformer_config
-from bio_megatron.models.tied_mlm import TiedMLMModel, on_device
-from bio_megatron.utils.errors import ConfigError
+from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.bert import mask_padded_vocab, transformer_config
+from bio_megatron.models.tied_mlm import on_device
 
 __all__ = ["BiasFreeLayerNorm", "ModernBertModel", "ModernBertTaskHead", "RopeSelfAttention",
            "WindowedDotProductAttention", "build_modernbert_model", "is_global_layer", "modernbert_task_encoder",
@@ -140,8 +151,9 @@ def modernbert_transformer_config(m: ModelConfig, dtype: torch.dtype = torch.flo
                                activation_func=F.gelu, bias_activation_fusion=False)
 
 
-def block_spec(m: ModelConfig) -> TransformerBlockSubmodules:
-    """Per-layer specs on megatron-core's local BERT layer (layer 0's attention LayerNorm unapplied)."""
+def block_spec(m: ModelConfig, config: TransformerConfig) -> TransformerBlockSubmodules:
+    """This pipeline stage's layer specs on megatron-core's local BERT layer (global layer 0's attention LayerNorm
+    unapplied). The global/local choice and rotary base are made per layer from megatron's global layer number."""
     every = setting(m, "global_attn_every_n_layers")
     layer = copy.deepcopy(bert_layer_local_spec)
     sub = layer.submodules
@@ -154,7 +166,10 @@ def block_spec(m: ModelConfig) -> TransformerBlockSubmodules:
         "half_window": setting(m, "local_attention") // 2, "global_every": every})
     first = copy.deepcopy(layer)
     first.submodules.input_layernorm = UnappliedNorm
-    return TransformerBlockSubmodules(layer_specs=[first] + [layer] * (m.shape().num_layers - 1),
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    offset = get_transformer_layer_offset(config, None, pp_rank)  # this stage's first global layer index
+    count = get_num_layers_to_build(config, None, pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[first if offset + i == 0 else layer for i in range(count)],
                                       layer_norm=BiasFreeLayerNorm)
 
 
@@ -235,47 +250,88 @@ def attention_mask_for(padding_mask: torch.Tensor) -> torch.Tensor:
     return (mask.unsqueeze(2) * mask.unsqueeze(3)) < 0.5
 
 
-class ModernBertModel(TiedMLMModel):
-    """ModernBERT for MLM pretraining at TP x DP (PP 1), called as megatron-core's ``BertModel``:
-    ``forward(input_ids, attention_mask, tokentype_ids, lm_labels)`` returns the per-token MLM loss [b, s] (or,
-    without labels, this rank's vocabulary slice of the logits [b, s, V/TP]) and None (no NSP)."""
+class ModernBertModel(LanguageModule):
+    """ModernBERT for MLM pretraining at TP x PP x DP, called as megatron-core's ``BertModel``:
+    ``forward(input_ids, attention_mask, tokentype_ids, lm_labels)`` returns on the last stage the per-token MLM loss
+    [b, s] (or, without labels, this rank's vocabulary slice of the logits [b, s, V/TP]) and None (no NSP); on the
+    other stages the hidden states [s, b, H] for the next one (whose input arrives by :meth:`set_input_tensor`)."""
 
-    def __init__(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32):
-        super().__init__(modernbert_transformer_config(m, dtype), m, vocab_size, "modernbert")
-        self.embedding = ModernBertEmbedding(self.config, self.vocab_size, m.max_position_embeddings)
-        self.encoder = TransformerBlock(config=self.config, spec=block_spec(m), pre_process=True, post_process=True)
-        self.lm_head = ModernBertHead(self.config)
-        self.make_output_layer(self.config.hidden_size, self.config)  # H wide, tied to the word embeddings
+    def __init__(self, m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32,
+                 pre_process: bool | None = None, post_process: bool | None = None):
+        super().__init__(config=modernbert_transformer_config(m, dtype))
+        self.model_type = ModelType.encoder_or_decoder
+        self.pre_process = ps.is_pipeline_first_stage() if pre_process is None else pre_process
+        self.post_process = ps.is_pipeline_last_stage() if post_process is None else post_process
+        self.share_embeddings_and_output_weights = True
+        self.true_vocab_size = vocab_size
+        self.vocab_size = padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
+        if self.pre_process:
+            self.embedding = ModernBertEmbedding(self.config, self.vocab_size, m.max_position_embeddings)
+        self.encoder = TransformerBlock(config=self.config, spec=block_spec(m, self.config),
+                                        pre_process=self.pre_process, post_process=self.post_process)
+        if self.post_process:
+            self.lm_head = ModernBertHead(self.config)
+            # the vocab-parallel decoder with its own bias; its weight is the word embedding, passed at call time on
+            # a stage that has it, else a copy megatron keeps equal to it (setup_embeddings_and_output_layer)
+            self.output_layer = tensor_parallel.ColumnParallelLinear(
+                self.config.hidden_size, self.vocab_size, config=self.config, init_method=self.config.init_method,
+                bias=True, skip_bias_add=False, gather_output=False, skip_weight_param_allocation=self.pre_process)
+        if self.pre_process or self.post_process:
+            self.setup_embeddings_and_output_layer()
+
+    def set_input_tensor(self, input_tensor) -> None:
+        """megatron-core's schedules hand the previous stage's output here (None on the first stage)."""
+        if not isinstance(input_tensor, list):
+            input_tensor = [input_tensor]
+        assert len(input_tensor) == 1, "input_tensor should only be length 1 for ModernBERT"
+        self.encoder.set_input_tensor(input_tensor[0])
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """The final-normed hidden states [s, b, H]. A packed batch (``data/packing.py``: the padding mask numbers
-        each row's documents) attends within each document only, with rotary positions restarting per document."""
+        """This stage's output [s, b, H] (final-normed on the last stage). A packed batch (``data/packing.py``: the
+        padding mask numbers each row's documents) attends within each document only, with rotary positions
+        restarting per document; every stage derives both from the padding mask it reads too."""
         packed = is_packed(attention_mask)
         positions = packed_position_ids(attention_mask) if packed else None
         for module in self.encoder.modules():
             if isinstance(module, RopeSelfAttention):
                 module.positions = positions
         mask = packed_attention_mask(attention_mask) if packed else attention_mask_for(attention_mask)
-        return self.encoder(hidden_states=self.embedding(input_ids=input_ids), attention_mask=mask)
+        hidden = self.embedding(input_ids=input_ids) if self.pre_process else None  # else the block's input tensor
+        return self.encoder(hidden_states=hidden, attention_mask=mask)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, tokentype_ids: torch.Tensor | None = None,
                 lm_labels: torch.Tensor | None = None):
         hidden = self.encode(input_ids, attention_mask)
+        if not self.post_process:
+            return hidden
         return self.mlm_output(self.lm_head(hidden), lm_labels), None
+
+    def mlm_output(self, head_out: torch.Tensor, lm_labels: torch.Tensor | None) -> torch.Tensor:
+        """[s, b, H] from the MLM head -> this rank's vocabulary slice of the logits [b, s, V/TP] (padded entries
+        -inf), or with labels the per-token MLM loss [b, s]."""
+        logits, _ = self.output_layer(head_out, weight=self.shared_embedding_or_output_weight())
+        logits = mask_padded_vocab(logits, self.true_vocab_size)
+        if lm_labels is None:
+            return logits.transpose(0, 1).contiguous()
+        loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lm_labels.transpose(0, 1).contiguous())
+        return loss.transpose(0, 1).contiguous()
 
 
 def build_modernbert_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32) -> ModernBertModel:
-    """This rank's ModernBERT (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
+    """This rank's stage of ModernBERT (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
     return on_device(ModernBertModel(m, vocab_size, dtype), dtype)
 
 
 def modernbert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,
                             post_process: bool) -> tuple[nn.Module | None, TransformerBlock]:
-    """(embedding, encoder) of a fine-tuning model under the pretraining model's names. PP is 1."""
-    if not (pre_process and post_process):
-        raise ConfigError("model.family modernbert needs model.pipeline_model_parallel_size=1")
+    """(embedding on the first stage else None, this stage's encoder layers) of a fine-tuning model under the
+    pretraining model's names."""
     config = modernbert_transformer_config(m, dtype)
+    block = TransformerBlock(config=config, spec=block_spec(m, config), pre_process=pre_process,
+                             post_process=post_process)
+    if not pre_process:
+        return None, block
     embedding = ModernBertEmbedding(config, padded_vocab, m.max_position_embeddings)
-    block = TransformerBlock(config=config, spec=block_spec(m), pre_process=True, post_process=True)
+    # a packed batch's positions reach the layers of the first stage only: packing is PP 1 (config/packing.py)
     embedding.rope_layers = [mod for mod in block.modules() if isinstance(mod, RopeSelfAttention)]
     return embedding, block

@@ -1,7 +1,8 @@
-"""What the one-stage encoder families built outside megatron-core's ``BertModel`` share (ALBERT and ModernBERT
-subclass it): the attributes megatron-core's schedules and DDP read, a vocab-parallel MLM output
-layer tied to the word embeddings with the padded vocabulary kept out of the softmax, the checkpoint tweak that
-lets that layer's bias reshard across TP, and placing a built model on its device and dtype.
+"""What a one-stage encoder family built outside megatron-core's ``BertModel`` uses (ALBERT subclasses it;
+ModernBERT, split into pipeline stages, is a megatron-core ``LanguageModule`` and shares :func:`on_device` only):
+the attributes megatron-core's schedules and DDP read, a vocab-parallel MLM output layer tied to the word
+embeddings with the padded vocabulary kept out of the softmax, the checkpoint tweak that lets that layer's bias
+reshard across TP, and placing a built model on its device and dtype.
 
 Pipeline parallelism is refused here (and first by the config): these models run every layer on one stage.
 """

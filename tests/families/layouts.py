@@ -17,6 +17,7 @@ from harness import run_world
 from engine.pretrain_runs import losses, overrides
 
 LAYOUTS = {"tp2": (2, 2, False), "dp2_distopt": (2, 1, True)}  # name: (world, tp, distributed optimizer)
+PIPELINE_LAYOUTS = {"tp2pp2": (4, 2, False, 2)}  # name: (world, tp, distributed optimizer, pp): PP-capable families
 
 
 def pretrain_rank(recipe: Path, over: list[str]) -> dict:
@@ -46,8 +47,9 @@ def reference_run(rank: Callable, pubmed_prefix: Path, root: Path, steps: int) -
 def assert_layout_matches(rank: Callable, name: str, root: Path, ref: dict[int, float], pubmed_prefix: Path,
                           steps: int) -> None:
     """The run of layout ``name`` (LAYOUTS) gives the reference's loss at every step within 1e-5."""
-    world, tp, distopt = LAYOUTS[name]
-    run_world(world, rank, overrides(pubmed_prefix, root, name, tp=tp, distopt=distopt, steps=steps))
+    world, tp, distopt, *pp = {**LAYOUTS, **PIPELINE_LAYOUTS}[name]
+    run_world(world, rank, overrides(pubmed_prefix, root, name, tp=tp, pp=pp[0] if pp else 1, distopt=distopt,
+                                     steps=steps))
     got = losses(root / name)
     assert sorted(got) == sorted(ref)
     for step in ref:
@@ -55,19 +57,20 @@ def assert_layout_matches(rank: Callable, name: str, root: Path, ref: dict[int, 
 
 
 def assert_resumes_exactly(rank: Callable, root: Path, ref: dict[int, float], pubmed_prefix: Path,
-                           steps: int) -> None:
+                           steps: int, layout: str | None = None, tol: float = 1e-6) -> None:
     """The second half resumed from the reference's middle checkpoint (model, optimizer, scheduler, data position)
-    gives the uninterrupted run's losses within 1e-6."""
+    gives the uninterrupted run's losses within ``tol``; at TP1, or resharded to ``layout`` (PIPELINE_LAYOUTS)."""
     middle = root / "tp1" / "checkpoints" / f"iter_{steps // 2:07d}"
     assert middle.is_dir(), sorted(p.name for p in middle.parent.iterdir())
-    over = overrides(pubmed_prefix, root, "resumed", steps=steps,
+    world, tp, distopt, pp = PIPELINE_LAYOUTS[layout] if layout else (1, 1, False, 1)
+    name = f"resumed_{layout}" if layout else "resumed"
+    over = overrides(pubmed_prefix, root, name, tp=tp, pp=pp, distopt=distopt, steps=steps,
                      extra=(f"exp_manager.resume_from_checkpoint={middle}",))
-    (res,) = run_world(1, rank, over)
-    assert res["status"] == "finished"
-    got = losses(root / "resumed")
+    assert all(r["status"] == "finished" for r in run_world(world, rank, over))
+    got = losses(root / name)
     assert sorted(got) == list(range(steps // 2 + 1, steps + 1))
     for step in got:
-        assert got[step] == pytest.approx(ref[step], abs=1e-6), (step, got, ref)
+        assert got[step] == pytest.approx(ref[step], abs=tol), (step, got, ref)
 
 
 def pipeline_refusal(recipe: Path, tmp_path: Path) -> str:

@@ -1,8 +1,9 @@
 """ModernBERT pretraining through the real pretraining path (``tiny_modernbert``: megatron-core's BERT samples
-without NSP, 30% masking): the MLM loss falls, TP2 and DP2 + distributed optimizer give the TP1 losses (weights are
-initialised per global key, the GeGLU fc1's two halves each under its own key, so layouts start equal; megatron-core
-splits the gated MLP's halves over TP), pipeline parallelism is refused at config time, and a run stopped at a
-checkpoint resumes to the uninterrupted run's losses."""
+without NSP, 30% masking): the MLM loss falls, TP2, DP2 + distributed optimizer and TP2 x PP2 give the TP1 losses
+(weights are initialised per global key, the GeGLU fc1's two halves each under its own key, so layouts start equal;
+megatron-core splits the gated MLP's halves over TP; at PP2 layers 1-2 and 3-4 sit on two stages, layer 4 global by
+its global number, the decoder tied to the word embeddings across stages), and a run stopped at a checkpoint resumes
+to the uninterrupted run's losses."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness import run_world
-from layouts import (LAYOUTS, assert_layout_matches, assert_resumes_exactly, pipeline_refusal, pretrain_rank,
+from layouts import (LAYOUTS, PIPELINE_LAYOUTS, assert_layout_matches, assert_resumes_exactly, pretrain_rank,
                      reference_run)
 
 from engine.pretrain_runs import losses, overrides
@@ -41,7 +42,7 @@ def test_tiny_modernbert_mlm_loss_falls(reference):
     assert last < first - 1.0, ref
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize("name", [*LAYOUTS, *PIPELINE_LAYOUTS])
 def test_modernbert_layout_matches_tp1(name, reference, pubmed_prefix):
     root, ref = reference
     assert_layout_matches(modernbert_rank, name, root, ref, pubmed_prefix, STEPS)
@@ -53,10 +54,12 @@ def test_modernbert_resumes_exactly_from_a_checkpoint(reference, pubmed_prefix):
     assert_resumes_exactly(modernbert_rank, root, ref, pubmed_prefix, STEPS)
 
 
-def test_pipeline_parallel_modernbert_is_refused_at_config_time(tmp_path):
-    """PP 2: one line naming the key, the value and why, exit 2, nothing written."""
-    line = pipeline_refusal(RECIPE, tmp_path)
-    assert "modernbert" in line and "one stage" in line, line
+def test_modernbert_tp1_checkpoint_resumes_at_tp2_pp2(reference, pubmed_prefix):
+    """The reference's step-10 checkpoint (TP1) resumed at TP2 x PP2: dist-checkpointing reshards each layer to its
+    stage by its global number and the last stage's copy of the tied decoder weight from the word embeddings;
+    steps 11-20 are the uninterrupted TP1 run's within the layouts' tolerance."""
+    root, ref = reference
+    assert_resumes_exactly(modernbert_rank, root, ref, pubmed_prefix, STEPS, layout="tp2pp2", tol=1e-5)
 
 
 def test_context_extension_continues_the_weights_at_a_longer_length_with_a_new_global_base(reference, pubmed_prefix):
@@ -92,3 +95,24 @@ def test_bf16_losses_stay_close_to_fp32(reference, pubmed_prefix):
     assert res["status"] == "finished" and sorted(got) == sorted(ref), got
     for step in range(1, 6):
         assert got[step] == pytest.approx(ref[step], abs=0.01), (step, got, ref)  # measured: < 1e-3
+
+
+def test_finetuning_modernbert_at_tp2_pp2_equals_tp1(reference, tmp_path):
+    """``finetune ner`` (3 steps, tiny_ner's BC5CDR-chem slice) from the reference's step-10 ModernBERT at TP1 and at
+    TP2 x PP2 (embedding and layers 1-2 on the first stage, layers 3-4 and ModernBERT's task head on the last): the
+    same losses and dev F1."""
+    from finetune.ft_runs import finetune_rank
+
+    root, _ = reference
+    quick = ["trainer.max_steps=3", "trainer.val_check_interval=3", "model.dataset.max_eval_examples=16",
+             "model.dataset.test_file=null", "model.dataset.max_seq_length=64", "model.micro_batch_size=4",
+             "model.hidden_dropout=0.0", "model.attention_dropout=0.0", "model.head.fc_dropout=0.0",
+             f"exp_manager.exp_dir={tmp_path}",
+             f"model.restore_from_path={root / 'tp1' / 'checkpoints' / f'iter_{STEPS // 2:07d}'}"]
+    (ref,) = run_world(1, finetune_rank, "ner", quick + ["exp_manager.name=tp1"])
+    runs = run_world(4, finetune_rank, "ner", quick + ["exp_manager.name=tp2pp2", "model.tensor_model_parallel_size=2",
+                                                       "model.pipeline_model_parallel_size=2"])
+    assert len(ref["losses"]) == 3 and ref["losses"][0] > 0.1, ref["losses"]
+    for res in (runs[0], runs[3]):  # a first-stage and a last-stage rank report the run's numbers
+        assert max(abs(a - b) for a, b in zip(res["losses"], ref["losses"])) < 1e-5, (res["losses"], ref["losses"])
+        assert abs(res["dev"]["f1"] - ref["dev"]["f1"]) < 1e-9
