@@ -163,6 +163,8 @@ def load_dist(folder: Path, where: str) -> dict[str, torch.Tensor]:
 
     from megatron.core.dist_checkpointing.mapping import ShardedTensor
 
+    if not torch.distributed.is_initialized():  # `import nemo` and the source cache's child: no process group
+        return _load_dist_single(folder, where)
     try:
         with restricted_loading():
             # megatron's load_plain_tensors builds its template with torch.empty(**properties), which this torch
@@ -175,6 +177,32 @@ def load_dist(folder: Path, where: str) -> dict[str, torch.Tensor]:
                                                            replica_id=0)
                         for k, t in meta.items() if isinstance(t, TensorStorageMetadata)}
             return dist_checkpointing.load(template, str(folder), validate_access_integrity=False)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        first = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise CheckpointError(f"{where}: cannot read model_weights/ ({first[:200]})") from None
+
+
+def _load_dist_single(folder: Path, where: str) -> dict[str, torch.Tensor]:
+    """:func:`load_dist` in a process without a process group (megatron's ``dist_checkpointing.load`` needs one):
+    torch's reader with ``no_dist``, as formats/megatron_lm/dist.py reads a torch_dist checkpoint."""
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from bio_megatron.training.integrity import restricted_loading
+
+    try:
+        with restricted_loading(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\.checkpoint")
+            reader = dcp.FileSystemReader(str(folder))
+            wanted = {k: torch.empty(tuple(t.size), dtype=t.properties.dtype)
+                      for k, t in reader.read_metadata().state_dict_metadata.items()
+                      if isinstance(t, TensorStorageMetadata)}
+            dcp.load(wanted, storage_reader=reader, no_dist=True)
+            return wanted
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
