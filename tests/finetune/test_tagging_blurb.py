@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from harness import run_world
+from harness import cli_forked, run_world
 
 ROOT = Path(__file__).resolve().parents[2]
 BLURB = ROOT.parent / "shared" / "data" / "blurb"
@@ -58,9 +56,8 @@ def _finetune(recipe: str, over: list[str]) -> dict:
 
 def _evaluate(task: str, gold: Path, pred: Path) -> dict:
     """``bio-megatron evaluate <task> --gold --pred``'s JSON."""
-    done = subprocess.run([sys.executable, "-m", "bio_megatron", "evaluate", task, "--gold", str(gold),
-                           "--pred", str(pred)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    done = cli_forked(["evaluate", task, "--gold", str(gold), "--pred", str(pred)],
+                      env={"PYTHONWARNINGS": "ignore"}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 
