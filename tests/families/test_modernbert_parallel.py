@@ -116,3 +116,38 @@ def test_finetuning_modernbert_at_tp2_pp2_equals_tp1(reference, tmp_path):
     for res in (runs[0], runs[3]):  # a first-stage and a last-stage rank report the run's numbers
         assert max(abs(a - b) for a, b in zip(res["losses"], ref["losses"])) < 1e-5, (res["losses"], ref["losses"])
         assert abs(res["dev"]["f1"] - ref["dev"]["f1"]) < 1e-9
+
+
+def _stage_layers(pp: int) -> list:
+    """This rank's ModernBERT stage at PP ``pp`` (tiny_modernbert): per layer (global number, rotary base, half
+    window or None for global attention, input-norm class), and which of the embedding / MLM head / a weight of
+    its own on the output layer it holds."""
+    from megatron.core import parallel_state as ps
+
+    from bio_megatron.config.pretrain import load_pretrain_config
+    from bio_megatron.models.modernbert import build_modernbert_model
+    from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
+
+    init_distributed()
+    init_model_parallel(1, pp, seed=1)
+    m = load_pretrain_config(RECIPE, [f"model.pipeline_model_parallel_size={pp}"], world_size=pp).model
+    model = build_modernbert_model(m, 1000)
+    layers = [(layer.layer_number, layer.self_attention.rope_base, layer.self_attention.core_attention.half_window,
+               type(layer.input_layernorm).__name__) for layer in model.encoder.layers]
+    return {"stage": ps.get_pipeline_model_parallel_rank(), "layers": layers,
+            "embedding": hasattr(model, "embedding"), "lm_head": hasattr(model, "lm_head"),
+            "output_weight": getattr(getattr(model, "output_layer", None), "weight", None) is not None}
+
+
+def test_each_stage_builds_its_layers_by_their_global_number():
+    """At PP2 the first stage holds the embedding and layers 1-2, the last layers 3-4, the MLM head and its own copy
+    of the tied decoder weight; each layer's rotary base, window and (layer 0's unapplied) norm are the TP1 model's
+    for the same global layer (global on layers 1 and 4 of tiny_modernbert's 4, every 3rd from the first)."""
+    (one,) = run_world(1, _stage_layers, 1)
+    first, last = run_world(2, _stage_layers, 2)
+    assert (one["embedding"], one["lm_head"], one["output_weight"]) == (True, True, False), one
+    assert (first["embedding"], first["lm_head"], first["output_weight"]) == (True, False, False), first
+    assert (last["embedding"], last["lm_head"], last["output_weight"]) == (False, True, True), last
+    assert first["layers"] + last["layers"] == one["layers"], (first, last, one)
+    assert [n for n, _, window, _ in one["layers"] if window is None] == [1, 4], one
+    assert [norm for *_, norm in one["layers"]] == ["UnappliedNorm"] + ["BiasFreeLayerNorm"] * 3, one
