@@ -26,15 +26,15 @@ def distill_overrides(prefix: Path, root: Path, name: str, teacher: Path, *, tp:
                      extra=(f"model.teacher.restore_from_path={teacher}", *extra))
 
 
-def distill_rank(over: list[str]) -> str:
-    """What one forked rank runs: the CLI path minus argument parsing."""
+def distill_rank(over: list[str], recipe: Path = TINY_DISTILL) -> str:
+    """What one forked rank runs: the CLI path minus argument parsing (``recipe``: the distillation recipe)."""
     import torch.distributed as dist
 
     from bio_megatron.config.distill import load_distill_config
     from bio_megatron.loading.teacher import load_teacher
     from bio_megatron.training.distill import run_distillation
 
-    cfg = load_distill_config(TINY_DISTILL, over, world_size=int(os.environ["WORLD_SIZE"]))
+    cfg = load_distill_config(recipe, over, world_size=int(os.environ["WORLD_SIZE"]))
     status = run_distillation(cfg, load_teacher)
     dist.barrier()
     return status

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from distill_runs import ROOT, TINY_DISTILL, distill_overrides
+from distill_runs import ROOT, TINY_DISTILL, distill_overrides, distill_rank
 from engine.pretrain_runs import overrides
 from harness import run_world
 from reliability.files import tree_digest
@@ -115,6 +115,19 @@ def test_the_roberta_teacher_is_bit_identical_and_frozen(roberta) -> None:
     assert roberta["identical"] and roberta["no_grad"] and roberta["digest_same"]
 
 
+def test_roberta_distillation_at_tp2_equals_tp1(roberta, bpe) -> None:
+    """Both RoBERTas split over two ranks (the BPE vocabulary's KL on each rank's slice): every step's terms equal
+    the TP1 run's within 1e-5 (dropout off)."""
+    over = distill_overrides(bpe["prefix"], bpe["root"], "student_tp2", roberta["teacher"], tp=2, steps=6,
+                             extra=(f"model.tokenizer.vocab_file={bpe['vocab']}", "model.optim.lr=5e-3",
+                                    "model.optim.sched.warmup_ratio=0"))
+    assert run_world(2, distill_rank, over, ROBERTA_DISTILL, timeout=300) == ["finished", "finished"]
+    tp1, tp2 = _records(roberta["student"]), _records(bpe["root"] / "student_tp2")
+    assert sorted(tp2) == sorted(tp1) == [1, 2, 3, 4, 5, 6]
+    terms = ("loss", "mlm_loss", "kl_loss", "cos_loss")
+    assert [(s, k, tp1[s][k], tp2[s][k]) for s in tp1 for k in terms if abs(tp1[s][k] - tp2[s][k]) > 1e-5] == []
+
+
 def test_a_roberta_teacher_exported_to_hugging_face_teaches_as_its_checkpoint(roberta, bpe) -> None:
     """RobertaForMaskedLM written by ``export hf`` and read back as the teacher: step 1's terms equal those of the
     run above (same student, data and seed; the teacher from its checkpoint)."""
@@ -176,6 +189,21 @@ def test_an_electra_student_is_refused_by_name_at_config_time(pubmed_prefix, dis
     (res,) = run_world(1, distill_cli, ["distill", "--config", str(TINY_DISTILL), *over], timeout=120)
     assert res["rc"] == 2 and "ELECTRA" in res["msg"] and res["teacher_family"] is None, res["msg"]
     assert not (tmp_path / "student").exists()
+
+
+@pytest.mark.parametrize("family", ["albert", "modernbert"])
+def test_a_student_of_another_family_at_tp2_equals_tp1(family: str, pubmed_prefix, distill_teacher,
+                                                       tmp_path) -> None:
+    """ALBERT's factorised embedding and ModernBERT's GeGLU / local attention split over two ranks with the
+    Megatron BERT teacher: every step's terms equal TP1's within 1e-5 (dropout off)."""
+    for tp in (1, 2):
+        over = distill_overrides(pubmed_prefix, tmp_path, f"tp{tp}", distill_teacher, tp=tp, steps=3,
+                                 extra=STUDENTS[family])
+        assert run_world(tp, distill_rank, over, timeout=300) == ["finished"] * tp
+    tp1, tp2 = _records(tmp_path / "tp1"), _records(tmp_path / "tp2")
+    assert sorted(tp1) == sorted(tp2) == [1, 2, 3]
+    terms = ("loss", "mlm_loss", "kl_loss", "cos_loss")
+    assert [(s, k, tp1[s][k], tp2[s][k]) for s in tp1 for k in terms if abs(tp1[s][k] - tp2[s][k]) > 1e-5] == []
 
 
 # Teachers of the other families (each its tiny recipe pretrained 3 steps) for a Megatron BERT (pre-LN) student
