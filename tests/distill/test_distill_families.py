@@ -229,6 +229,18 @@ def test_a_megatron_bert_student_learns_from_a_teacher_of_another_family(recipe:
         assert r["loss"] == pytest.approx(5.0 * r["mlm_loss"] + 2.0 * r["kl_loss"] + r["cos_loss"], rel=1e-5)
     meta = json.loads((tmp_path / "student" / "checkpoints" / "iter_0000003" / "bio_megatron.json").read_text())
     assert meta["family"] == "megatron_bert"
+    # the same teacher as a Hugging Face folder (export hf: BertForMaskedLM, AlbertForMaskedLM, ModernBertForMaskedLM)
+    from harness import cli_forked
+
+    hf = tmp_path / "teacher_hf"
+    exported = cli_forked(["export", "hf", "--checkpoint", str(teacher), "--out", str(hf)], timeout=300)
+    assert exported.returncode == 0, exported.stderr
+    over = distill_overrides(pubmed_prefix, tmp_path, "student_hf", hf, steps=1)
+    (res,) = run_world(1, distill_cli, ["distill", "--config", str(TINY_DISTILL), *over], timeout=300)
+    assert res["rc"] == 0, res["msg"]
+    first = _records(tmp_path / "student_hf")[1]
+    terms = ("loss", "mlm_loss", "kl_loss", "cos_loss")
+    assert {k: first[k] for k in terms} == pytest.approx({k: recs[1][k] for k in terms}, abs=1e-5)
 
 
 def test_an_electra_teacher_is_refused_by_name_before_any_weight_is_read(pubmed_prefix, tmp_path) -> None:
