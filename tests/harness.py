@@ -116,6 +116,12 @@ def _cli_child(argv: list[str], env: dict[str, str], umask: int | None, out: str
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)  # a plain ``bio-megatron`` command, not a rank of a launcher's world
     os.environ.update(env)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    # As in _child: a forked child that enters the parent's OpenMP thread pool deadlocks (CI's pytest runs with
+    # torch's default two threads); with one thread it never enters it.
+    torch.set_num_threads(1)
     if umask is not None:
         os.umask(umask)
     code = 1
