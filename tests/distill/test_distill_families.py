@@ -210,7 +210,8 @@ def test_a_student_of_another_family_at_tp2_equals_tp1(family: str, pubmed_prefi
 TEACHERS = ("tiny_post_ln", "tiny_albert", "tiny_modernbert")
 
 
-@pytest.mark.parametrize("recipe", TEACHERS)
+# the default suite keeps the RoBERTa teacher exported to HF (test_a_roberta_teacher_exported_to_hugging_face_...)
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=pytest.mark.extended) for r in TEACHERS])
 def test_a_megatron_bert_student_learns_from_a_teacher_of_another_family(recipe: str, pubmed_prefix,
                                                                           tmp_path) -> None:
     teacher_over = overrides(pubmed_prefix, tmp_path, "teacher", steps=3, save_last=True)

@@ -153,7 +153,8 @@ CLASSIFY = {"hoc": ["model.dataset.task_name=hoc", f"model.dataset.data_dir={ROO
             "ddi": ["model.dataset.task_name=ddi", f"model.dataset.data_dir={ROOT / 'tests/fixtures/blurb/DDI'}"]}
 
 
-@pytest.mark.parametrize("task", ["qa", "re", "hoc", "ddi"])
+# RE is extended: DDI checks the same per-example label distribution in the default suite
+@pytest.mark.parametrize("task", ["qa", pytest.param("re", marks=pytest.mark.extended), "hoc", "ddi"])
 def test_other_tasks_distil_with_tp2_equal_to_tp1(task: str, tmp_path: Path) -> None:
     """QA (start and end logits over the real tokens), RE and DDI (a label distribution per example) and HoC (a
     Bernoulli per label) end to end on their tiny recipes: a 2-layer student of a fine-tuned 4-layer teacher; the

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from ft_runs import ROOT, finetune_rank
 from harness import cli_forked, run_world
 
@@ -56,6 +58,7 @@ def _learn_and_predict(over: list[str]) -> dict:
     return res
 
 
+@pytest.mark.extended  # a real-data learning run (~17 s on two cores): the brief puts those in the extended suite
 def test_learning_check_bc5cdr_chem(tmp_path):
     """A tiny model fine-tuned from scratch on 600 real BC5CDR-chem sentences must find chemicals on 200
     held-out dev sentences (an all-O tagger scores F1 = 0)."""
