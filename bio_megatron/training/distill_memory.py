@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.training import memory
@@ -58,13 +57,7 @@ def check_distill_fits(student: ModelConfig, student_padded: int, dtype: torch.d
     est = memory.estimate(student, student_padded, dtype != torch.float32, data_parallel)
     tea = teacher_estimate(teacher, teacher_padded, teacher_dtype, student.micro_batch_size,
                            student.encoder_seq_length)
-    avail, where, ranks = available if available is not None else memory.available_memory()
-    need = (est.total + tea.total) * ranks
-    refuse = avail >= 0 and need > avail
-    if dist.is_initialized() and dist.get_world_size() > 1:  # one rank refusing alone would hang the others
-        flag = torch.tensor([float(refuse)], device="cuda" if torch.cuda.is_available() else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        refuse = bool(flag.item() > 0)
+    refuse, avail, where, ranks = memory.agreed_refusal(est.total + tea.total, available)
     if refuse:
         share = f" x {ranks} ranks on this node" if ranks > 1 else ""
         raise BioMegatronError(

@@ -113,17 +113,23 @@ def available_memory() -> tuple[int, str, int]:
     return (avail if avail is not None else -1), "available memory of this node (MemAvailable / cgroup)", ranks
 
 
+def agreed_refusal(per_rank: int, available: tuple[int, str, int] | None = None) -> tuple[bool, int, str, int]:
+    """(refuse, available bytes, where, ranks on this node): whether ``per_rank`` bytes on every rank of this node
+    exceed what is available, agreed across all ranks (one rank refusing alone would hang the others)."""
+    avail, where, ranks = available if available is not None else available_memory()
+    refuse = avail >= 0 and per_rank * ranks > avail
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        flag = torch.tensor([float(refuse)], device="cuda" if torch.cuda.is_available() else "cpu")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        refuse = bool(flag.item() > 0)
+    return refuse, avail, where, ranks
+
+
 def check_fits(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, data_parallel: int,
                available: tuple[int, str, int] | None = None) -> StateEstimate:
     """Raise (exit 2, one line) when this rank's static state cannot fit; all ranks agree on the verdict."""
     est = estimate(m, padded_vocab, dtype != torch.float32, data_parallel)
-    avail, where, ranks = available if available is not None else available_memory()
-    need = est.total * ranks
-    refuse = avail >= 0 and need > avail
-    if dist.is_initialized() and dist.get_world_size() > 1:  # one rank refusing alone would hang the others
-        flag = torch.tensor([float(refuse)], device="cuda" if torch.cuda.is_available() else "cpu")
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        refuse = bool(flag.item() > 0)
+    refuse, avail, where, ranks = agreed_refusal(est.total, available)
     if refuse:
         share = f" x {ranks} ranks on this node" if ranks > 1 else ""
         raise BioMegatronError(
