@@ -86,14 +86,6 @@ class BPETokenizer(RustBackedTokenizer):
             raise DataError("vocab.json ids are not 0..N-1 without gaps", self.vocab_file)
         check_merges(self.merges_file, self.vocab)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @cached_property
-    def inv_vocab(self) -> dict[int, str]:
-        return {i: t for t, i in self.vocab.items()}
-
     cls = property(lambda self: self.vocab["<s>"])
     sep = property(lambda self: self.vocab["</s>"])
     pad = property(lambda self: self.vocab["<pad>"])

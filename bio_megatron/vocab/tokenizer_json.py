@@ -76,14 +76,6 @@ class TokenizerJsonBPE(RustBackedTokenizer):
             raise DataError(f"tokenizer.json lacks the special token(s) {', '.join(missing)}", self.vocab_file)
         self.lowercase = "Lowercase" in json.dumps(self.doc.get("normalizer"))
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    @cached_property
-    def inv_vocab(self) -> dict[int, str]:
-        return {i: t for t, i in self.vocab.items()}
-
     cls = property(lambda self: self.roles["cls"])
     sep = property(lambda self: self.roles["sep"])
     pad = property(lambda self: self.roles["pad"])

@@ -60,6 +60,7 @@ class RustBackedTokenizer:
     tokenizer does (``BertTokenizerFast`` / ``RobertaTokenizerFast``) without the tasks branching on the kind."""
 
     backend: object
+    vocab: dict[str, int]
     cls: int
     sep: int
     unk: int
@@ -69,6 +70,15 @@ class RustBackedTokenizer:
     warn_unknown_rate: float | None = 0.05
     # Above this share (most of the text) nothing a model learns or predicts from it means anything: stop.
     stop_unknown_rate: float = 0.5
+
+    @property
+    def vocab_size(self) -> int:
+        """megatron-core's tokenizer interface, from ``vocab`` (token -> id, ids 0..N-1)."""
+        return len(self.vocab)
+
+    @cached_property
+    def inv_vocab(self) -> dict[int, str]:
+        return {i: t for t, i in self.vocab.items()}
 
     def _check_unknown(self, id_lists: list, what: str) -> None:
         """Warn about a high unknown-token rate, or stop (:class:`DataError`) when most tokens are unknown; judged
