@@ -24,13 +24,17 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("utils", ("utils",)),
     ("foundations", ("config", "parallel", "evaluation", "vocab",    # vocab: the tokenizers
                      "formats.saved",                                # our checkpoints' config.yaml, read
-                     "formats.detect")),                             # which format a path holds (paths only)
+                     "formats.detect",                               # which format a path holds (paths only)
+                     "formats.archives",                             # zip/tar read with limits (no model)
+                     "formats.foreign")),                            # .nemo / Megatron-LM imported by a child
     ("corpus", ("corpus",)),                                         # reads corpora, encodes with a vocab
     ("engine parts", ("models", "data", "vocab.train", "vocab.stats")),  # vocab building reads corpora
     ("families", ("families",)),                                     # encoder families: HF names, models built
+    ("hf reader", ("formats.hf.read",)),                             # an HF folder's heads and weights, read
     ("training", ("training",)),
+    ("sources", ("formats.source",)),                                # what a path holds (checkpoint, HF, foreign)
     ("loading", ("loading",)),
-    ("formats", ("formats",)),                                       # ours at TP1, Megatron-LM, NeMo
+    ("formats", ("formats",)),                                       # ours at TP1, HF writer, Megatron-LM, NeMo
     ("tasks", ("tasks",)),
     ("predict", ("predict",)),
     ("export", ("export",)),

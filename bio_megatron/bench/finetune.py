@@ -303,7 +303,7 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
 def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> tuple[Path, Path]:
     """Our task reader's train and dev examples as JSON lines for the baseline: the same examples by construction."""
     from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.tasks.protocol import TASKS
     from bio_megatron.vocab.bpe import load_tokenizer
 

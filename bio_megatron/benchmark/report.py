@@ -55,7 +55,7 @@ def model_facts(model: Path) -> dict | None:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.families import family_of_model
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.vocab.bpe import is_bpe, load_tokenizer
     from bio_megatron.vocab.builtin import BUILTIN, VOCAB_DIR
     from bio_megatron.vocab.wordpiece import guess_lowercase, read_vocab

@@ -146,7 +146,7 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     restore_bad = any(p.startswith("model.restore_from_path") for p in problems)
     src = None
     if m.restore_from_path and not restore_bad:
-        from bio_megatron.loading.source import resolve_source
+        from bio_megatron.formats.source import resolve_source
 
         try:
             src = resolve_source(m.restore_from_path)

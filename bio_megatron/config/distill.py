@@ -26,7 +26,7 @@ from bio_megatron.utils.errors import ConfigError
 class TeacherConfig:
     restore_from_path: str | None = None
     """The teacher: our checkpoint (or run / checkpoints folder), a Hugging Face folder, a ``.nemo`` archive or a
-    Megatron-LM checkpoint (anything ``bio_megatron.loading.source.resolve_source`` reads). Its shape and family come
+    Megatron-LM checkpoint (anything ``bio_megatron.formats.source.resolve_source`` reads). Its shape and family come
     from it; its vocabulary must be the student's (by content)."""
     precision: Literal["32", "16", "bf16", "16-mixed", "bf16-mixed"] | int | None = None
     """The teacher's compute dtype (forward only: no gradients, no optimizer state); null: ``trainer.precision``."""

@@ -39,7 +39,7 @@ AutoModel above) and ``bio_megatron_head`` to ``config.json``; head weights keep
 Every folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2id``), ``vocab.txt`` +
 tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf`` (and ``finetune``/
 ``predict`` from an HF folder) read both kinds back with the same head.
-Reading a folder's weights and head back is :mod:`bio_megatron.loading.hf` (``finetune`` and ``predict`` load HF
+Reading a folder's weights and head back is :mod:`bio_megatron.formats.hf.read` (``finetune`` and ``predict`` load HF
 folders too); this module writes folders, and imports them as checkpoints: :func:`read_hf` gives the folder's
 ``ModelState``, which :func:`bio_megatron.formats.ours.write_ours` (the writer every importer shares) saves.
 """
@@ -63,9 +63,8 @@ from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
 from bio_megatron.formats.ours import pretraining_config, read_ours, write_ours
 from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.loading.finetuned import load_finetuned, single_process
-from bio_megatron.loading.hf import read_hf_state, task_config_for_hf
-from bio_megatron.loading.hf_heads import CLASS_TASK, REMOTE_CLASS
-from bio_megatron.loading.source import Source, resolve_source
+from bio_megatron.formats.hf.read import CLASS_TASK, REMOTE_CLASS, read_hf_state
+from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -249,7 +248,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
 
 
 def read_hf(src: Source) -> ModelState:
-    """An HF folder (``src``: its :func:`~bio_megatron.loading.source.resolve_source`) as a :class:`ModelState`:
+    """An HF folder (``src``: its :func:`~bio_megatron.formats.source.resolve_source`) as a :class:`ModelState`:
     the family's pretraining model (its MLM head, + NSP/SOP head when the folder has one), or a task model's encoder
     and head with its labels, in our TP1 names with the real vocabulary rows."""
     from bio_megatron.config.sizes import padded_vocab_size

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bio_megatron.export.hf_heads import head_settings, plain_class
 from bio_megatron.families import family_of_model
-from bio_megatron.loading.source import Source
+from bio_megatron.formats.source import Source
 from bio_megatron.predict.classify import load_classifier
 from bio_megatron.tasks.classify_data import dataset
 from bio_megatron.utils.errors import CheckpointError

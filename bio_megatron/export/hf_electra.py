@@ -25,7 +25,7 @@ import torch
 from bio_megatron.families.electra import (DISCRIMINATOR_CLASSES, ELECTRA, electra_configs, electra_hf_to_mcore,
                                            electra_mcore_to_hf, generator_problems)
 from bio_megatron.formats.saved import saved_model_config
-from bio_megatron.loading.source import Source, read_hf_config
+from bio_megatron.formats.source import Source, read_hf_config
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -72,7 +72,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     from bio_megatron.export.hf_files import IMPORT_COMMAND
     from bio_megatron.formats.ours import save_verified
     from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.hf import read_hf_weights
+    from bio_megatron.formats.hf.read import read_hf_weights
     from bio_megatron.loading.model import load_full_state
     from bio_megatron.models.hf_convert import check_config_tensors
     from bio_megatron.models.electra import build_electra_model
@@ -193,7 +193,7 @@ def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, chec
 
     from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
     from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
 
     _check_verifiable(Path(disc_dir), load_json(Path(disc_dir) / "config.json"))
     single_process()

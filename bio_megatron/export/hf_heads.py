@@ -7,7 +7,7 @@ A head that equals one of transformers' fixed heads exports to the family's plai
 weights under our own names (``head.mlp.layer0.*``, ...).
 
 The class table and the reading half (``source_head``, ``hf_to_head``, ``apply_head``) are
-:mod:`bio_megatron.loading.hf_heads`: loading a folder needs them, exporting one needs both.
+:mod:`bio_megatron.formats.hf.read`: loading a folder needs them, exporting one needs both.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from bio_megatron.families import Family
 from bio_megatron.families.megatron_bert import MEGATRON_BERT
-from bio_megatron.loading.hf_heads import REMOTE_CLASS, head_block
+from bio_megatron.formats.hf.read import REMOTE_CLASS, head_block
 
 if TYPE_CHECKING:
     from bio_megatron.config.finetune import FinetuneModelConfig

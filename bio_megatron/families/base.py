@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 TokenizerKind = Literal["wordpiece", "bpe", "sentencepiece"]
 # The ``ModelConfig`` fields of every family's shape: what a checkpoint's config.yaml records and a source carries
-# over to the model loading it (``loading/source.py``).
+# over to the model loading it (``formats/source.py``).
 COMMON_SHAPE_KEYS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                      "max_position_embeddings", "num_tokentypes", "layernorm_epsilon", "make_vocab_size_divisible_by",
                      "transformer_block_type")

@@ -16,7 +16,7 @@ Both HF encoders are post-LN BERT under other names (``electra.`` for ``bert.``)
 A model fine-tuned from the discriminator is a post-LN BERT encoder + our head: it exports to the ``Bert*`` task
 classes (``hf_class(task)``), which compute exactly that.
 
-This module imports neither transformers nor megatron at import time: ``loading.source.resolve_source`` reads HF
+This module imports neither transformers nor megatron at import time: ``formats.source.resolve_source`` reads HF
 folders through it.
 """
 

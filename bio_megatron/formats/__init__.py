@@ -6,5 +6,7 @@
 ``nemo/`` read and write Megatron-LM (legacy and ``torch_dist``) and NeMo ``.nemo``; ``safe_load.py`` unpickles
 their files without running code and ``verify.py`` compares an import with an independent reference. Hugging Face
 folders are written by ``export/`` (above ``predict/``, whose classify loader a BLURB export uses) and read by
-``loading/hf.py``. docs/ARCHITECTURE.md, Formats.
+``hf/read.py``. Below ``loading/`` (which fills models from them): ``archives.py`` (zip/tar with limits),
+``foreign.py`` (a ``.nemo`` / Megatron-LM source imported once by a child process), ``hf/read.py`` and
+``source.py`` (what a path holds). docs/ARCHITECTURE.md, Formats.
 """

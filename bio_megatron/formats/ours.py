@@ -18,7 +18,7 @@ from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.families import family_of_model
 from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.formats.state import ModelState, unpadded
-from bio_megatron.loading.source import Source, resolve_source
+from bio_megatron.formats.source import Source, resolve_source
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 from bio_megatron.vocab.bpe import load_tokenizer

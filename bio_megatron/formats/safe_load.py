@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bio_megatron.loading.archives import check_zip_if_zip
+from bio_megatron.formats.archives import check_zip_if_zip
 from bio_megatron.utils.errors import CheckpointError
 
 # Training-state objects of these projects are replaced by Inert records (their modules are never imported).
@@ -88,7 +88,7 @@ def _check_name(name: str, where: str) -> None:
 
 def safe_torch_load(source: str | Path | io.BytesIO, where: str | None = None, limit: int | None = None) -> Any:
     """``torch.load(source, weights_only=True)`` with the allow-list above; CheckpointError otherwise. A zip-format
-    file's records are checked first against ``limit`` bytes (:func:`bio_megatron.loading.archives.check_zip`):
+    file's records are checked first against ``limit`` bytes (:func:`bio_megatron.formats.archives.check_zip`):
     torch allocates each record at the size its zip entry declares."""
     where = where or str(source)
     base = [argparse.Namespace, *_numpy_allowed()]

@@ -76,7 +76,7 @@ def load_pretraining(checkpoint: str | Path):
     every family ``import hf`` writes: verification of a post-LN BERT or a RoBERTa import reads it back here."""
     from bio_megatron.formats.ours import read_pretraining
     from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
 
     single_process()
     src = resolve_source(checkpoint)

@@ -12,9 +12,8 @@ import torch
 from bio_megatron.config.finetune import CONFIG_CLASSES
 from bio_megatron.config.loader import from_dict
 from bio_megatron.formats.saved import saved_config
-from bio_megatron.loading.hf import task_config_for_hf
+from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
 from bio_megatron.loading.model import TaskModel, build_task_model, load_into
-from bio_megatron.loading.source import Source, resolve_source
 from bio_megatron.models.heads import build_head
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.vocab.bpe import load_tokenizer

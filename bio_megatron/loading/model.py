@@ -7,7 +7,7 @@ dist-checkpointing) and a fine-tuned checkpoint round-trips. The head is a plain
 (:mod:`bio_megatron.models.heads`): megatron treats it as replicated across tensor-parallel ranks (identical
 inputs, identical grads, counted once in the gradient norm).
 
-:func:`load_into` fills it from a :class:`~bio_megatron.loading.source.Source`: our checkpoints through
+:func:`load_into` fills it from a :class:`~bio_megatron.formats.source.Source`: our checkpoints through
 dist-checkpointing (any saved layout), Hugging Face folders through :func:`load_full_state`.
 """
 
@@ -24,8 +24,8 @@ from torch import nn
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_of_model
-from bio_megatron.loading.hf import read_hf_state
-from bio_megatron.loading.source import Source
+from bio_megatron.formats.hf.read import read_hf_state
+from bio_megatron.formats.source import Source
 from bio_megatron.models.attention import packed_attention_mask, packed_position_ids, unpack_rows
 from bio_megatron.models.bert import transformer_config
 from bio_megatron.models.heads import pytorch_default_init

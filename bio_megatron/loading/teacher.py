@@ -24,9 +24,9 @@ from megatron.core import parallel_state as ps
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_named
-from bio_megatron.loading.hf import read_hf_state
+from bio_megatron.formats.hf.read import read_hf_state
+from bio_megatron.formats.source import apply_source_shape, resolve_source
 from bio_megatron.loading.model import build_task_model, load_full_state, load_into, task_padded_vocab
-from bio_megatron.loading.source import apply_source_shape, resolve_source
 from bio_megatron.models.bert import dtype_name, precision_dtype
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.distill_memory import check_distill_fits
@@ -35,7 +35,7 @@ from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
-# The ModelConfig fields that make an encoder's shape (what loading/source.py takes over from a checkpoint)
+# The ModelConfig fields that make an encoder's shape (what formats/source.py takes over from a checkpoint)
 _SHAPE_FIELDS = ("size", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                  "max_position_embeddings", "num_tokentypes", "transformer_block_type", "embedding_size", "hidden_act",
                  "global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers", "family")

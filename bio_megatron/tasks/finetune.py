@@ -26,7 +26,7 @@ from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.config.loader import to_dict
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
 from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
-from bio_megatron.loading.source import Source, apply_source_shape, resolve_source
+from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.distill import check_teacher, with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key

@@ -37,7 +37,7 @@ def _model_type(file: Path) -> str | None:
 
 def is_bpe_tokenizer_json(path: str | Path | None) -> bool:
     """Whether ``path`` is a ``tokenizer.json`` (or a folder holding one, without ``vocab.txt``) whose model is
-    BPE: what this module loads (a WordPiece ``tokenizer.json`` is read as a ``vocab.txt``, loading/source.py)."""
+    BPE: what this module loads (a WordPiece ``tokenizer.json`` is read as a ``vocab.txt``, formats/source.py)."""
     if path is None:
         return False
     path = Path(path)

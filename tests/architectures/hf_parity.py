@@ -91,7 +91,7 @@ def pipeline_logits(ckpt: str, tp: int, pp: int, make_batch: Callable[[int], tup
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.bert import build_model
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -137,7 +137,7 @@ def encoder_hidden_diff(path: str, ids, amask, types, theirs) -> float:
 
     from bio_megatron.config.finetune import NerModelConfig
     from bio_megatron.loading.model import build_task_model, load_into
-    from bio_megatron.loading.source import apply_source_shape, resolve_source
+    from bio_megatron.formats.source import apply_source_shape, resolve_source
 
     src = resolve_source(path)
     m = NerModelConfig(hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local")
@@ -180,7 +180,7 @@ def export_mlm(ckpt: str, out: str, pad_from: int | None = None) -> dict:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.export.hf import export_hf
     from bio_megatron.models.bert import build_model
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint
 
     info = export_hf(ckpt, out)

@@ -75,7 +75,7 @@ def _our_logits(ckpt: str, tp: int) -> dict | None:
 
     from bio_megatron.export.hf_electra import electra_forward, load_electra
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
 
     init_distributed()
     init_model_parallel(tp, 1, seed=1)
@@ -170,7 +170,7 @@ def _export_pretrained(ckpt: str, out: str) -> dict:
     from bio_megatron.export.hf import export_hf
     from bio_megatron.export.hf_electra import electra_forward, load_electra
     from bio_megatron.formats.verify import fixed_batch
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
 
     export_hf(ckpt, out)
     model, m, tok = load_electra(resolve_source(ckpt))

@@ -102,7 +102,7 @@ def test_export_loads_in_transformers_with_same_logits(imported):
     ({"model_type": "roberta"}, "RoBERTa imports as"),  # a Bert* class under model_type roberta
 ])
 def test_refuses_configs_it_cannot_reproduce(imported, tmp_path, change, message):
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported

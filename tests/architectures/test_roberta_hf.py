@@ -110,7 +110,7 @@ def test_export_loads_in_transformers_with_same_logits(imported):
 
 
 def test_roberta_task_classes_are_refused(imported, tmp_path):
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported

@@ -99,7 +99,7 @@ def our_logits(ckpt: str, tp: int, batch: tuple, shape: dict | None = None) -> d
     from architectures.hf_parity import vocab_lines
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.families import family_of_model
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.training.checkpoint import load_checkpoint
 

@@ -309,7 +309,7 @@ def _layer_depths_of_albert(ckpt: str) -> str:
 
     from bio_megatron.config.finetune import NerModelConfig
     from bio_megatron.loading.model import build_task_model
-    from bio_megatron.loading.source import apply_source_shape, resolve_source
+    from bio_megatron.formats.source import apply_source_shape, resolve_source
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.training.optimizer import layer_depths
 

@@ -94,7 +94,7 @@ def _same_split(hf_dir: str, ckpt: str) -> dict:
     """Our tokenizer of the imported checkpoint vs transformers' fast tokenizer on the HF folder: ids of raw text."""
     from transformers import PreTrainedTokenizerFast
 
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.vocab.bpe import load_tokenizer
 
     src = resolve_source(ckpt)

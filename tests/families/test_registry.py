@@ -147,7 +147,7 @@ def _strip_family(ckpt: Path) -> None:
 
 def _export(ckpt: str, out: str) -> tuple[str, dict]:
     from bio_megatron.export.hf import export_hf
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
 
     res = export_hf(ckpt, out)
     return resolve_source(ckpt).shape["family"], res

@@ -197,7 +197,7 @@ def _hf_folder(path, **config) -> str:
 
 
 def test_bad_remote_code_folders_are_named(tmp_path):
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.utils.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="needs bio_megatron_head"):

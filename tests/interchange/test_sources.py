@@ -124,7 +124,7 @@ def _megatron_lm_source(root: str) -> dict:
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     single_process()

@@ -212,7 +212,7 @@ def test_nemo_gz_member_inflating_to_gigabytes(tmp_path):
 def test_archive_limit_is_configurable(tmp_path, monkeypatch):
     """BIO_MEGATRON_ARCHIVE_LIMIT bounds every archive (here below a real member's size: refused naming it); a
     value that is not a size is one line naming the variable."""
-    from bio_megatron.loading.archives import archive_limit, check_zip
+    from bio_megatron.formats.archives import archive_limit, check_zip
     from bio_megatron.utils.errors import CheckpointError
 
     zpath = tmp_path / "small.zip"

@@ -219,7 +219,7 @@ def test_pretraining_checkpoint_carries_the_model(pretrained, spiece, tmp_path):
 
 def test_finetuning_from_the_checkpoint_reads_its_model(pretrained, tmp_path):
     """Fine-tuning restored from that checkpoint tokenizes with its spiece.model (NER words, real fixture)."""
-    from bio_megatron.loading.source import resolve_source
+    from bio_megatron.formats.source import resolve_source
     from bio_megatron.vocab.bpe import load_tokenizer
     from bio_megatron.vocab.sentencepiece import SentencePieceTokenizer
 

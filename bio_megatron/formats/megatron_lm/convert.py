@@ -33,12 +33,12 @@ from typing import Callable
 import torch
 
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.formats.archives import archive_limit, check_zip, copy_member
 from bio_megatron.formats.state import VOCAB_ROWS, ModelState, unpadded
 from bio_megatron.formats.megatron_lm.state import (args_problems, fix_qkv, flatten, legacy_to_mcore,
                                                        mcore_to_legacy_shards, merge_pp, merge_tp, shape_of_state)
 from bio_megatron.formats.safe_load import safe_torch_load
-from bio_megatron.loading.archives import archive_limit, check_zip, copy_member
-from bio_megatron.loading.source import Source
+from bio_megatron.formats.source import Source
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import atomic_path, check_output_dir
 from bio_megatron.utils.log import get_logger

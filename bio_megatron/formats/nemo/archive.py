@@ -12,7 +12,7 @@ Weight layouts NeMo writes (``NLPSaveRestoreConnector.save_to``, ``inject_model_
 Extraction happens only inside a temporary folder, and only after every member name has been checked:
 no absolute names, no ``..``, no links or devices (tarfile's ``data`` filter applies as well); and after their
 count and declared sizes have been checked against a bound derived from the model's shape
-(:mod:`bio_megatron.loading.archives`).
+(:mod:`bio_megatron.formats.archives`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 
 from bio_megatron.formats.safe_load import safe_torch_load
-from bio_megatron.loading.archives import ENV_LIMIT, MAX_MEMBERS, archive_limit
+from bio_megatron.formats.archives import ENV_LIMIT, MAX_MEMBERS, archive_limit
 from bio_megatron.utils.errors import CheckpointError
 
 CONFIG, WEIGHTS = "model_config.yaml", "model_weights.ckpt"
@@ -41,7 +41,7 @@ def _checked_members(tf: tarfile.TarFile, where: str, bound) -> list[tarfile.Tar
     """Every member header, read one at a time (never more than ``MAX_MEMBERS``), with its name, type and declared
     size checked as it is read, so that a bomb is refused at its header, before its data is read or inflated. The
     bound is ``$BIO_MEGATRON_ARCHIVE_LIMIT``, else ``bound(model_config)`` (bytes from the model's shape) once
-    ``model_config.yaml`` has been read, else the default cap of :mod:`bio_megatron.loading.archives`."""
+    ``model_config.yaml`` has been read, else the default cap of :mod:`bio_megatron.formats.archives`."""
     members, total = [], 0
     limit, source, shaped = archive_limit(), "the cap of", False
     while True:

@@ -73,7 +73,7 @@ def _setting(cfg: dict, key: str, default=None):
 def _shape_bytes(cfg: dict) -> int | None:
     """What an archive of this config's encoder can hold (fp32 weights; the vocabulary, which the config does not
     give, at its largest), for :func:`~bio_megatron.formats.nemo.archive.extracted`; None if it names no shape."""
-    from bio_megatron.loading.archives import shape_bound
+    from bio_megatron.formats.archives import shape_bound
 
     values = {k: _setting(cfg, k) for k in ("hidden_size", "num_layers", "ffn_hidden_size", "max_position_embeddings")}
     if not all(isinstance(values[k], int) and values[k] > 0 for k in ("hidden_size", "num_layers")):

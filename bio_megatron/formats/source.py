@@ -2,7 +2,7 @@
 
 :func:`resolve_source` reads a BioMegatron pretraining or fine-tuning checkpoint (directory, ``checkpoints``
 folder or run directory), a Hugging Face folder (``MegatronBert*`` / ``Bert*`` / RoBERTa / ELECTRA, or the
-remote-code ``BioMegatronFor*`` classes that ``export hf`` writes for other heads: :mod:`.hf_heads`), or a
+remote-code ``BioMegatronFor*`` classes that ``export hf`` writes for other heads: :mod:`.hf.read`), or a
 ``.nemo`` / Megatron-LM source (imported once: :mod:`.foreign`), and returns its :class:`Source`: the encoder
 shape, vocabulary, labels, task and head it brings. No weights are read here.
 """
@@ -17,8 +17,8 @@ from bio_megatron.families import family_named, family_of_hf, family_of_model
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
 from bio_megatron.formats.detect import FOREIGN, detect
 from bio_megatron.formats.saved import saved_model_config
-from bio_megatron.loading.foreign import cached_vocab, imported
-from bio_megatron.loading.hf_heads import CLASS_TASK, source_head
+from bio_megatron.formats.foreign import cached_vocab, imported
+from bio_megatron.formats.hf.read import CLASS_TASK, apply_head, plain_head, source_head
 from bio_megatron.models.hf_convert import read_tokenizer_json
 from bio_megatron.training.checkpoint import read_metadata
 from bio_megatron.utils.errors import CheckpointError
@@ -73,7 +73,7 @@ def read_hf_config(file: Path) -> dict:
 
 def resolve_source(path: str | Path) -> Source:
     """Inspect a checkpoint, HF folder, ``.nemo`` archive or Megatron-LM checkpoint (the last two are imported
-    once into a cached checkpoint of ours: :mod:`bio_megatron.loading.foreign`). Raises CheckpointError
+    once into a cached checkpoint of ours: :mod:`bio_megatron.formats.foreign`). Raises CheckpointError
     naming the path when it is none of them."""
     path = Path(path)
     kind = detect(path)
@@ -167,3 +167,15 @@ def apply_source_shape(m: ModelConfig, src: Source) -> None:
         setattr(m, k, v)
     if src.lowercase is not None and m.tokenizer.do_lower_case is None:  # the HF folder's tokenizer setting
         m.tokenizer.do_lower_case = src.lowercase
+
+
+def task_config_for_hf(src: Source):
+    """A task config whose head is the HF folder's (``Source.head``: the plain class's fixed head, or the
+    ``bio_megatron_head`` of a remote-code folder); what ``finetune``/``predict``/``import hf`` build for it."""
+    from bio_megatron.config.finetune import CONFIG_CLASSES
+
+    cfg = CONFIG_CLASSES[src.task]()
+    apply_head(cfg.model, src.head or plain_head(src.task))
+    cfg.model.transformer_impl = "local"
+    cfg.model.tokenizer.do_lower_case = src.lowercase  # None (no tokenizer settings): guessed from the vocabulary
+    return cfg
