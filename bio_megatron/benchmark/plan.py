@@ -193,6 +193,17 @@ def _grid_overrides(task: str, point: tuple[int, int]) -> list[str]:
     return [f"{layers}={point[0]}", f"model.fc_hidden_size={point[1]}"]
 
 
+def _split_paths(task: str, ds, name: str) -> list[Path]:
+    """What one split is read from: its file under ``data_dir``, or for a clinical release read as it ships (i2b2,
+    ShARe/CLEFE) the release's folders, ``train`` and ``dev`` being bio-lm's patient-level split of its training
+    folders (not files of those names)."""
+    from bio_megatron.tasks.clinical_convert import READERS, split_sources
+
+    if task == "ner" and ds.format in READERS:
+        return split_sources(ds.format, ds.data_dir, name)
+    return [Path(ds.data_dir) / name]
+
+
 def _availability(d: Dataset, recipe: str, overrides: list[str]) -> tuple[object | None, str | None]:
     """(loaded config or None, why the cells cannot run or None). A config that loads is returned even when its
     data is absent: its head grid fixes the cells, so indices stay the same when the data arrives."""
@@ -204,7 +215,8 @@ def _availability(d: Dataset, recipe: str, overrides: list[str]) -> tuple[object
         more = f" (and {len(exc.problems) - 1} more)" if len(exc.problems) > 1 else ""
         return None, f"the recipe does not load: {exc.problems[0]}{more}"
     ds = cfg.model.dataset
-    files = [Path(ds.data_dir) / f for f in (ds.train_file, ds.dev_file, ds.test_file) if f]
+    files = list(dict.fromkeys(p for f in (ds.train_file, ds.dev_file, ds.test_file) if f
+                               for p in _split_paths(d.task, ds, f)))
     files += [Path(ds.bioasq_golden)] if getattr(ds, "bioasq_golden", None) else []
     absent = [str(p) for p in files if not p.exists()]
     if absent:

@@ -24,7 +24,7 @@ from bio_megatron.corpus.iob import Sentence, write_iob
 from bio_megatron.tasks.clinical_spans import SpanStats
 from bio_megatron.tasks.i2b2 import RELEASE_2010, read_i2b2_2010
 from bio_megatron.tasks.i2b2_xml import RELEASES, read_i2b2_xml
-from bio_megatron.tasks.share_clefe import TEST_REPORTS, read_share_clefe
+from bio_megatron.tasks.share_clefe import TEST_REPORTS, TRAIN_REPORTS, read_share_clefe
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.io import atomic_path, write_json_atomic
 from bio_megatron.utils.log import get_logger
@@ -54,7 +54,20 @@ RELEASED["i2b2_2010_re"] = {"relations": {"train+dev": 3121, "test": 6293},
                              "source": "paper 002 Table 1 (BLUE's files: 3,110 + 11 = 3121 training and dev relations, "
                                        "6,293 test)", "check": "relations"}
 FORMATS = tuple(READERS) + ("i2b2_2010_re",)
+# format -> the training release's folders, which the readers' ``train`` / ``dev`` keywords (the patient-level split
+# of the training release) read
+TRAINING_FOLDERS: dict[str, list[str]] = {"i2b2_2010": list(RELEASE_2010["train"]),
+                                          **{f: list(RELEASES[f]["train"]) for f in RELEASES},
+                                          "share_clefe": [TRAIN_REPORTS]}
 DEV_DOCIDS_2010 = "dev-docids.txt"  # BLUE's development reports (create_i2b2_bert.py's dev_docids)
+
+
+def split_sources(fmt: str, data_dir: str | Path, name: str) -> list[Path]:
+    """The folders split ``name`` of a release in ``fmt`` is read from: the training release's for ``train`` and
+    ``dev``, else the folder ``name`` itself. What must exist before a run (the benchmark suites' availability)."""
+    if name in ("train", "dev"):
+        return [Path(data_dir) / f for f in TRAINING_FOLDERS[fmt]]
+    return [Path(data_dir) / name]
 
 
 def _counts(sentences: list[Sentence], stats: SpanStats) -> dict:

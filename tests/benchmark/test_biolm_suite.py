@@ -69,6 +69,49 @@ def test_blue_clinical_dry_run_names_the_four_tasks_and_where_to_get_them(model,
         assert all(what.startswith("missing: ") and w in what for k, _, what in cells if k == key), key
 
 
+CLINICAL = ROOT / "tests" / "fixtures" / "clinical"
+
+
+def _data_map(tmp_path: Path, folders: dict[str, Path]) -> str:
+    """A --recipe-map giving each dataset its data folder only: the recipe itself runs unchanged."""
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps({k: {"overrides": [f"model.dataset.data_dir={v}"]} for k, v in folders.items()}))
+    return str(path)
+
+
+def test_clinical_releases_given_as_they_ship_are_cells_to_run(model, tmp_path, capsys):
+    """The i2b2 and ShARe/CLEFE recipes name bio-lm's patient-level splits `train` / `dev` of the training release,
+    not files: a release unpacked where the recipe map points is runnable; an empty folder is missing, naming the
+    release's training folders."""
+    releases = {k: CLINICAL / k for k in ("i2b2_2010", "i2b2_2012", "i2b2_2014")}
+    cells = _cells(capsys, "biolm", "--model", str(model), "--out", str(tmp_path / "b"), "--seeds", "42",
+                   "--datasets", ",".join(releases), "--recipe-map", _data_map(tmp_path, releases))
+    assert [(k, w.startswith("missing")) for k, _, w in cells] == [(k, False) for k in releases], cells
+    four = {k: CLINICAL / k for k in ("mednli", "i2b2_2010_re", "share_clefe", "clinicalsts")}
+    cells = _cells(capsys, "blue-clinical", "--model", str(model), "--out", str(tmp_path / "c"), "--seeds", "42",
+                   "--recipe-map", _data_map(tmp_path, four))
+    assert [(k, w.startswith("missing")) for k, _, w in cells] == [(k, False) for k in four], cells
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cells = _cells(capsys, "blue-clinical", "--model", str(model), "--out", str(tmp_path / "e"), "--seeds", "42",
+                   "--datasets", "share_clefe", "--recipe-map", _data_map(tmp_path, {"share_clefe": empty}))
+    ((_, _, what),) = cells
+    assert what.startswith(f"missing: {empty / 'Task1TrainSetCorpus199' / 'ALLREPORTS'}, ") and "physionet" in what
+
+
+@pytest.mark.extended
+def test_blue_clinical_runs_the_four_tasks_on_the_synthetic_releases(model, tmp_path):
+    """BioELECTRA's four clinical tasks end to end through the suite, each recipe unchanged but for its data folder
+    (the synthetic releases of tests/fixtures/clinical)."""
+    out = tmp_path / "s"
+    four = {k: CLINICAL / k for k in ("mednli", "i2b2_2010_re", "share_clefe", "clinicalsts")}
+    argv = ["benchmark", "blue-clinical", "--model", str(model), "--out", str(out), "--seeds", "42",
+            "--recipe-map", _data_map(tmp_path, four), *SMOKE]
+    assert run_world(1, _suite, argv) == [0]
+    res = json.loads((out / "results.json").read_text())
+    assert {r["key"]: r["status"] for r in res["datasets"]} == dict.fromkeys(four, "complete")
+
+
 def test_rows_report_the_median_over_seeds_and_the_group_means_of_the_medians():
     from bio_megatron.benchmark.report import build_results, median_markdown
     from bio_megatron.benchmark.suites import BIOLM
