@@ -56,6 +56,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _lean_start() -> None:
+    """Import megatron-core the lean way (``parallel/lean_import.py``) before the loader imports it."""
+    from bio_megatron.parallel.lean_import import import_megatron_core
+
+    import_megatron_core()
+
+
 def _load(path: str, task: str):
     from bio_megatron.loading.finetuned import load_finetuned, single_process
 
@@ -64,9 +71,12 @@ def _load(path: str, task: str):
 
 
 def run_ner(args: argparse.Namespace) -> int:
+    from bio_megatron.predict import stream
+
+    stream.start_worker_server(args.workers)  # the workers' imports run beside ours, not after them
+    _lean_start()
     from bio_megatron.loading.finetuned import finetuned_source
     from bio_megatron.parallel.distributed import teardown
-    from bio_megatron.predict import stream
     from bio_megatron.predict.ner import predict_window, read_documents, sentence_count
     from bio_megatron.utils.io import check_output_file, check_output_path
 
@@ -102,6 +112,7 @@ def run_ner(args: argparse.Namespace) -> int:
 
 
 def run_qa(args: argparse.Namespace) -> int:
+    _lean_start()
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.qa import answer, read_questions
     from bio_megatron.utils.io import check_output_file, write_json_atomic
@@ -124,6 +135,7 @@ def run_qa(args: argparse.Namespace) -> int:
 
 
 def run_classify(args: argparse.Namespace) -> int:
+    _lean_start()
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.classify import dataset_config_of, load_classifier, predict, read_examples

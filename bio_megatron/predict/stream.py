@@ -196,22 +196,47 @@ class Progress:
                 f"{rate:,.1f} sentences/s, ETA {eta_text}")
 
 
+PRELOAD = "bio_megatron.predict.pool_preload"
+
+
+def _context():
+    """The workers' start method. Not ``fork``: a fork after torch's thread pools started can hang the child, and
+    the parent (or a test process forking it) may well have run torch. ``forkserver``: one fresh interpreter that
+    imports torch, megatron-core and the loader once (:mod:`.pool_preload`, no torch operation run, one thread)
+    and forks every worker from there, so a pool of N costs one import instead of N ``spawn`` ones. ``spawn`` where
+    the platform has no fork server."""
+    import multiprocessing as mp
+
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([PRELOAD])
+    return ctx
+
+
+def start_worker_server(workers: int) -> None:
+    """Start the fork server now (``workers`` > 1), so that its imports run beside this process's own rather than
+    after them; a no-op with one worker, with ``spawn``, or when it already runs."""
+    if workers > 1 and _context().get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
+
+
 class _Workers:
     """``n`` processes, each loading the model once and tagging whole windows; results come back in window order."""
 
     def __init__(self, n: int, checkpoint: str, batch_size: int) -> None:
-        import multiprocessing as mp
-
         import torch
 
-        ctx = mp.get_context("spawn")  # a fork after torch's thread pools started can hang the child
+        ctx = _context()
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
         threads = max(1, torch.get_num_threads() // n)  # the cores are shared: one worker's torch threads each
         self.procs = [ctx.Process(target=_worker, args=(checkpoint, batch_size, threads, self.tasks, self.results),
                                   daemon=True) for _ in range(n)]
         for p in self.procs:
             p.start()
-        log.info("predict ner: %d worker processes, %d torch thread(s) each", n, threads)
+        log.info("predict ner: %d worker processes (%s), %d torch thread(s) each", n, ctx.get_start_method(), threads)
 
     def run(self, wins: Iterable[tuple[list[Doc], int]]) -> Iterator[tuple[list[Doc], list[Result], int]]:
         ahead = 2 * len(self.procs)  # windows in flight: enough to keep every worker busy, few enough to stay small

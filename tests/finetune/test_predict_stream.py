@@ -102,6 +102,7 @@ def test_streamed_output_equals_one_shot_for_any_window_and_worker_count(corpus)
     _assert_same([json.loads(x) for x in res[2]["stdout"].splitlines()], corpus["ref"])
     for r in res:  # progress lines with the rate and an ETA, then the summary
         assert "sentences/s, ETA" in r["msg"] and f"{len(corpus['ref'])} documents, " in r["msg"], r["msg"]
+    assert "2 worker processes (forkserver)" in res[1]["msg"], res[1]["msg"]  # one import for the pool, not two
     for out in outs.values():
         _assert_same(_records(out), corpus["ref"])
         assert not Path(f"{out}.partial").exists() and not Path(f"{out}.partial.state").exists()
@@ -184,12 +185,28 @@ def _pull_ahead(model: str, workers: int) -> dict:
     seen = []
     results = stream.stream_predictions(docs(), window=50, workers=workers, checkpoint=model, batch_size=32,
                                         count=sentence_count, tag=lambda win: predict_window(loaded, win))
+    server = None
     for win, res, _ in results:
         seen.append((len(win), pulled, [i for i, _ in res]))
+        if server is None and workers > 1:
+            server = _fork_server()
         if len(seen) == 3:
             break
     results.close()  # stops the workers
-    return {"seen": seen}
+    return {"seen": seen, "server": server}
+
+
+def _fork_server() -> dict:
+    """The fork server the workers came from: its threads, whether it holds torch's library, and its children."""
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid  # set once the server is started; None without one
+    if pid is None:
+        return {"pid": None}
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return {"pid": pid, "threads": len(os.listdir(f"/proc/{pid}/task")), "torch": "libtorch_cpu.so" in maps,
+            "children": len(children)}
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -202,6 +219,11 @@ def test_a_200k_document_input_is_pulled_one_window_at_a_time(corpus, workers):
     for n, (size, pulled, ids) in enumerate(res["seen"]):
         assert size == 50 and ids == [str(i) for i in range(50 * n, 50 * n + 50)]
         assert pulled <= 50 * (n + ahead), res["seen"]
+    if workers > 1:
+        # The workers are forked from one fork server that imported torch (and megatron-core, the loader) once and
+        # still has its single thread: no torch thread pool existed to be forked (stream.py's fork-safety reason).
+        assert res["server"]["pid"] is not None and res["server"]["torch"], res["server"]
+        assert res["server"]["threads"] == 1 and res["server"]["children"] == workers, res["server"]
 
 
 def test_reading_and_scanning_a_200k_line_input_holds_no_list_of_it(tmp_path):
