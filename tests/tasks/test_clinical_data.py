@@ -1,7 +1,8 @@
 """The clinical readers on synthetic files in the releases' exact formats (tests/fixtures/clinical: MedNLI's
 ``mli_*_v1.jsonl``, n2c2 ClinicalSTS's ``clinicalSTS2019.*.txt``): counts and fields by hand, bad input refused
 with file and line (exit 2, nothing printed), and ``finetune classify`` on them end to end with ``evaluate``
-reproducing the reported test score."""
+reproducing the reported test score, ``predict classify`` its predictions and the ``export hf`` folder, read by
+transformers' Auto classes and tokenizer alone, the same outputs."""
 
 from __future__ import annotations
 
@@ -155,20 +156,48 @@ def test_finetune_classify_on_clinical_format_and_evaluate_reproduces_test_score
     assert main(["evaluate", task_name, "--gold", str(gold), "--pred", res["test_predictions"]]) == 0
     assert json.loads(capsys.readouterr().out) == res["test"]
     # predict classify reads the release file (MedNLI's .jsonl, ClinicalSTS's .txt) as training did
-    (rc,) = run_world(1, _predict, res["checkpoint"], str(gold), str(tmp_path / "pred.jsonl"))
+    (out,) = run_world(1, _predict_and_export, res["checkpoint"], str(gold), str(tmp_path / "pred.jsonl"),
+                       str(tmp_path / "hf"), task_name)
     written = [json.loads(x) for x in Path(res["test_predictions"]).read_text().splitlines()]
     predicted = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
-    assert rc == 0 and [p["id"] for p in predicted] == [w["id"] for w in written]
+    assert out["rc"] == (0, 0) and [p["id"] for p in predicted] == [w["id"] for w in written]
     if task_name == "mednli":
         assert [p["label"] for p in predicted] == [w["label"] for w in written]
     else:  # a score up to batch-composition rounding
         assert max(abs(p["score"] - w["score"]) for p, w in zip(predicted, written)) < 1e-5
+    # export hf: transformers' own class and tokenizer on the exported folder give what predict gave
+    assert out["problem_type"] == {"mednli": "single_label_classification", "clinicalsts": "regression"}[task_name]
+    if task_name == "mednli":
+        assert out["id2label"] == list(predicted[0]["probabilities"]) and len(out["id2label"]) == 3
+        for p, row in zip(predicted, out["outputs"], strict=True):
+            assert list(p["probabilities"].values()) == pytest.approx(row, abs=1e-4), (p, row)
+    else:
+        # the tiny model's scores differ by about 1e-4 from pair to pair: a tolerance ten times finer
+        assert [p["score"] for p in predicted] == pytest.approx(out["outputs"], abs=1e-5)
 
 
-def _predict(ckpt: str, gold: str, out: str) -> int:
+def _predict_and_export(ckpt: str, gold: str, out: str, hf_dir: str, task_name: str) -> dict:
+    """``predict classify`` and ``export hf`` through the CLI, then the exported folder's outputs on the gold pairs
+    (softmax probabilities, or the regression score) by transformers' Auto classes alone."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
     from bio_megatron.cli import main
 
-    return main(["predict", "classify", "--checkpoint", ckpt, "--input", gold, "--out", out])
+    rc = (main(["predict", "classify", "--checkpoint", ckpt, "--input", gold, "--out", out]),
+          main(["export", "hf", "--checkpoint", ckpt, "--out", hf_dir]))
+    if task_name == "mednli":
+        pairs = [(r["sentence1"], r["sentence2"]) for r in map(json.loads, Path(gold).read_text().splitlines())]
+    else:
+        pairs = [tuple(line.split("\t")[:2]) for line in Path(gold).read_text(encoding="utf-8").splitlines()]
+    tok, model = AutoTokenizer.from_pretrained(hf_dir), AutoModelForSequenceClassification.from_pretrained(hf_dir)
+    batch = tok([a for a, _ in pairs], [b for _, b in pairs], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        logits = model.eval()(**batch).logits
+    c = model.config
+    rows = logits.softmax(-1).tolist() if task_name == "mednli" else logits[:, 0].tolist()
+    return {"rc": rc, "problem_type": c.problem_type, "id2label": [c.id2label[i] for i in range(c.num_labels)],
+            "outputs": rows}
 
 
 # --- BLUE's 4-column NER files (model.dataset.format: blue) -------------------------------------------------
