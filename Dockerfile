@@ -37,9 +37,10 @@ COPY slurm ./slurm
 # The project with its dependencies, as pyproject.toml states them: torch and transformers are ranges, so the
 # image's torch (and TE built on it) satisfies them and stays; the image's constraints (PIP_CONSTRAINT) are kept, so a
 # base whose torch is outside the range fails here instead of being replaced. torch's files are checked unchanged.
+# With the [hf] extra (transformers): the image is the whole user path, export hf and import --verify included.
 # hadolint ignore=DL3013  # the project itself, not a package to pin
 RUN torch_before=$(python -c "import torch; print(torch.__version__, torch.__file__)") \
-    && python -m pip install --no-cache-dir ${PIP_EXTRA_ARGS} . \
+    && python -m pip install --no-cache-dir ${PIP_EXTRA_ARGS} ".[hf]" \
     && test "$(python -c "import torch; print(torch.__version__, torch.__file__)")" = "$torch_before" \
     && bio-megatron --help > /dev/null
 

@@ -2,10 +2,12 @@
 
 The environment is a fresh virtualenv (``--system-site-packages``) that also sees the project's ``.venv`` (a Python
 that already has torch, transformers and megatron-core: a stand-in for an NGC container or a cluster's module),
-through a ``.pth`` file. pip installs the project from a copy of the source with ``--no-index`` (nothing may be
-fetched: what the environment has must satisfy pyproject.toml's dependencies) and ``--no-build-isolation``; torch's
-version and files must be what they were, nothing named torch may land in the new environment, and the installed
-command runs. pyproject.toml's ranges must admit the versions a user's environment has beside the locked ones."""
+through a ``.pth`` file, first without transformers (the ``[hf]`` extra; tests/without_hf.py). pip installs the
+project from a copy of the source with ``--no-index`` (nothing may be fetched: what the environment has must satisfy
+pyproject.toml's dependencies) and ``--no-build-isolation``; torch's version and files must be what they were,
+nothing named torch may land in the new environment, and the installed command runs; then ``.[hf]`` with
+transformers present keeps it too. pyproject.toml's ranges must admit the versions a user's environment has beside
+the locked ones."""
 
 from __future__ import annotations
 
@@ -19,16 +21,20 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from without_hf import SITE, site_without_transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 # what pip sees (the distributions' versions) and what Python imports (the modules' files), without importing them
+# (None for a module the environment lacks)
 PROBE = ("import json, importlib.metadata as md, importlib.util as u; print(json.dumps({n: [md.version(n.replace("
-         "'.', '-')), u.find_spec(n).origin] for n in ('torch', 'transformers', 'megatron.core')}))")
+         "'.', '-')), u.find_spec(n).origin] if u.find_spec(n) else None for n in ('torch', 'transformers', "
+         "'megatron.core')}))")
 
 
 def _dependencies() -> dict[str, Requirement]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return {r.name: r for r in map(Requirement, deps)}
+    """The core dependencies and the [hf] extra's (transformers)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return {r.name: r for r in map(Requirement, project["dependencies"] + project["optional-dependencies"]["hf"])}
 
 
 def _locked() -> dict[str, str]:
@@ -58,12 +64,26 @@ def test_make_installs_the_locked_set_with_the_dev_extra():
     for name in ("torch", "transformers", "megatron-core", "tokenizers", "numpy", "pytest"):
         assert md.version(name) == locked[name], name  # the .venv running this suite is the locked set
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert {"dev", "test", "wandb", "mlflow", "te"} <= set(extras)
+    assert {"dev", "test", "hf", "wandb", "mlflow", "te"} <= set(extras)
 
 
-@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="needs the project's virtualenv as the torch environment")
-def test_pip_install_next_to_a_preinstalled_torch_keeps_it(tmp_path):
-    env_dir, src = tmp_path / "env", tmp_path / "src"
+def _run(args: list, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+
+
+def _probe(py: Path) -> dict:
+    return json.loads(subprocess.run([str(py), "-c", PROBE], capture_output=True, text=True, check=True,
+                                     timeout=300).stdout)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> dict:
+    """A fresh virtualenv that sees this venv's packages except transformers, the project installed into it with
+    ``pip install .``; the environment as probed before and after, and the paths."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("needs the project's virtualenv as the torch environment")
+    tmp = tmp_path_factory.mktemp("install")
+    env_dir, src = tmp / "env", tmp / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
@@ -73,20 +93,59 @@ def test_pip_install_next_to_a_preinstalled_torch_keeps_it(tmp_path):
     py = env_dir / "bin" / "python"
     site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    (site / "preinstalled.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # the environment's torch
-    before = json.loads(subprocess.run([str(py), "-c", PROBE], capture_output=True, text=True, check=True,
-                                       timeout=300).stdout)
-    assert Path(before["torch"][1]).is_relative_to(sys.prefix)
-    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-index",
-                           "--no-build-isolation", "--no-cache-dir", str(src)], capture_output=True, text=True,
-                          timeout=600)
+    # the environment's torch and the rest, without transformers
+    (site / "preinstalled.pth").write_text(str(site_without_transformers(tmp / "preinstalled")) + "\n")
+    before = _probe(py)
+    pip = [sys.executable, "-m", "pip", "--python", py, "install", "--no-index", "--no-build-isolation",
+           "--no-cache-dir"]
+    done = _run([*pip, src], timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    after = json.loads(subprocess.run([str(py), "-c", PROBE], capture_output=True, text=True, check=True,
-                                      timeout=300).stdout)
+    return {"tmp": tmp, "src": src, "py": py, "cli": env_dir / "bin" / "bio-megatron", "site": site, "pip": pip,
+            "before": before, "after": _probe(py), "preinstalled": tmp / "preinstalled"}
+
+
+def test_pip_install_next_to_a_preinstalled_torch_keeps_it(installed):
+    """No transformers in the environment, and ``pip install .`` needs none (the [hf] extra); torch stays the
+    environment's, and ``export hf`` names the extra in one line (exit 2) where it is missing."""
+    before, after, site, cli, tmp = (installed[k] for k in ("before", "after", "site", "cli", "tmp"))
+    assert Path(before["torch"][1]).is_relative_to(installed["preinstalled"]) and before["transformers"] is None
     assert after == before
     new = sorted(x.name for x in site.iterdir())
     assert not [n for n in new if n.startswith(("torch", "transformers", "megatron"))], new
     assert (site / "bio_megatron").is_dir()  # the project itself went into the new environment
-    help_out = subprocess.run([str(env_dir / "bin" / "bio-megatron"), "--help"], capture_output=True, text=True,
-                              timeout=300)
+    help_out = _run([cli, "--help"])
     assert help_out.returncode == 0 and help_out.stdout.startswith("usage: bio-megatron"), help_out.stderr[-2000:]
+    export = _run([cli, "export", "hf", "--checkpoint", tmp / "run", "--out", tmp / "hf"])
+    assert (export.returncode, export.stdout, export.stderr.strip().count("\n")) == (2, "", 0), export
+    assert "bio-megatron export hf needs transformers, which is not installed: pip install 'bio-megatron[hf]'" \
+        in export.stderr and not (tmp / "hf").exists()
+
+
+# Two fresh processes importing torch and megatron-core, and a second install: ~15 s on CI's two cores; the default
+# suite runs these commands without transformers in tests/test_optional_hf.py.
+@pytest.mark.extended
+def test_the_core_path_runs_without_transformers_and_the_hf_extra_keeps_it(installed, pubmed_prefix):
+    cli, tmp, site, py = (installed[k] for k in ("cli", "tmp", "site", "py"))
+    dry = _run([cli, "pretrain", "--config", ROOT / "nemo_configs" / "pretrain" / "tiny.yaml", "--dry-run",
+                f"model.data.data_prefix=[{pubmed_prefix}]", f"exp_manager.exp_dir={tmp / 'runs'}"])
+    assert dry.returncode == 0 and json.loads(dry.stdout)["data"]["tokens"] > 0, dry.stderr[-3000:]
+    ft = _run([cli, "finetune", "ner", "--config", ROOT / "nemo_configs" / "ner" / "tiny_ner.yaml", "--dry-run",
+               f"model.dataset.data_dir={ROOT / 'tests' / 'fixtures' / 'finetune'}"])
+    assert ft.returncode == 0, ft.stderr[-3000:]
+
+    # transformers arrives (the environment's own files, as a container's): [hf] takes it and keeps it
+    hf_only, pth = tmp / "hf_only", site / "preinstalled_hf.pth"
+    hf_only.mkdir()
+    for entry in SITE.iterdir():
+        if entry.name == "transformers" or entry.name.startswith("transformers-"):
+            (hf_only / entry.name).symlink_to(entry)
+    pth.write_text(f"{hf_only}\n")
+    try:
+        before = _probe(py)
+        assert Path(before["transformers"][1]).is_relative_to(hf_only), before
+        done = _run([*installed["pip"], f"{installed['src']}[hf]"], timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert _probe(py) == before
+        assert not [n for n in sorted(x.name for x in site.iterdir()) if n.startswith(("torch", "transformers"))]
+    finally:
+        pth.unlink()  # the module's environment is again the one without transformers

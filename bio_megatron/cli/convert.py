@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
+from bio_megatron.utils.extras import require_transformers
+
 # Only our own earlier output may be replaced: a folder holding anything else is refused even with --overwrite.
 _OVERWRITE_HELP = "replace --out if it is an earlier `{}` output (never a folder holding other files)"
 _SOURCE_HELP = "checkpoint directory, its checkpoints folder or run dir"
@@ -31,6 +33,8 @@ class FormatCommands:
     import_: Callable[[argparse.Namespace], dict]         # ... its ``verify`` decides the exit code
 
     def run_export(self, args: argparse.Namespace) -> int:
+        if self.name == "hf":  # transformers' config and tokenizer classes write the folder
+            require_transformers(f"export {self.name}")
         from bio_megatron.parallel.distributed import teardown
 
         try:
@@ -41,6 +45,8 @@ class FormatCommands:
 
     def run_import(self, args: argparse.Namespace) -> int:
         """Exit 1 when ``--verify`` found the import off by more than ``--tolerance`` (nothing is written then)."""
+        if getattr(args, "verify", False):  # every format's --verify reference is a transformers model
+            require_transformers(f"import {self.name} --verify")
         from bio_megatron.parallel.distributed import teardown
 
         try:

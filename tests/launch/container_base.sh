@@ -53,11 +53,13 @@ target=$root$prefix/lib/python$pyver/site-packages
 rm -rf "$root$prefix/lib/python$pyver/test" "$target"
 mkdir -p "$target"
 # The site-packages entries (packages, modules, .dist-info, .pth) of the runtime dependency closure of
-# pyproject.toml's [project] dependencies, plus pip (the Dockerfile runs it); from each distribution's RECORD.
+# pyproject.toml's [project] dependencies and its [hf] extra, plus pip (the Dockerfile runs it); from each
+# distribution's RECORD.
 "$venv_python" - "$(dirname "$0")/../../pyproject.toml" >"$work/entries" <<'PY'
 import importlib.metadata as md, re, sys, tomllib
 from packaging.requirements import Requirement
-deps = tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"] + ["pip"]
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+deps = project["dependencies"] + project["optional-dependencies"]["hf"] + ["pip"]  # the Dockerfile installs .[hf]
 todo = [r for r in map(Requirement, deps) if not r.marker or r.marker.evaluate({"extra": ""})]
 seen, entries = set(), set()
 while todo:

@@ -74,7 +74,8 @@ def test_dockerfile_installs_the_pinned_megatron_core_without_the_ngc_constraint
     assert re.match(r"PIP_CONSTRAINT=(''|\"\")? ", mcore[0]), mcore[0]
     # torch (and with it Transformer Engine) must stay the base image's build.
     assert "--no-deps" in mcore[0], mcore[0]
-    project = [r for r in runs if re.search(r"pip install --no-cache-dir (\$\{PIP_EXTRA_ARGS\} )?\.( |$)", r)]
+    project = [r for r in runs
+               if re.search(r"pip install --no-cache-dir (\$\{PIP_EXTRA_ARGS\} )?\"?\.(\[hf\])?\"?( |$)", r)]
     assert project, runs
 
 
@@ -87,7 +88,8 @@ def test_dockerfile_installs_the_project_as_pyproject_states_it_and_keeps_torch(
     assert re.fullmatch(r"torch>=[\d.]+,<\d+", torch), torch
     runs = [i["value"] for i in parsed().structure if i["instruction"] == "RUN"]
     assert not any("tomllib" in r or "requirements" in r for r in runs), runs
-    (project,) = [r for r in runs if re.search(r"pip install [^&]* \.( |$)", r)]
+    (project,) = [r for r in runs if re.search(r"pip install [^&]* \"?\.(\[hf\])?\"?( |$)", r)]
+    assert '".[hf]"' in project, project  # the image is the whole user path: export hf needs transformers
     assert "--no-deps" not in project and "PIP_CONSTRAINT" not in project, project
     assert re.search(r'test "\$\(python -c "import torch; print\(torch.__version__, torch.__file__\)"\)" = '
                      r'"\$torch_before"', project), project
