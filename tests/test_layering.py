@@ -37,7 +37,6 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("formats", ("formats",)),                                       # ours at TP1, HF writer, Megatron-LM, NeMo
     ("tasks", ("tasks",)),
     ("predict", ("predict",)),
-    ("export", ("export",)),
     ("tools", ("bench", "benchmark", "demo", "report")),
     ("cli", ("cli",)),
     ("entry point", ("__main__",)),

@@ -82,14 +82,24 @@ def _hf_import_options(p: argparse.ArgumentParser) -> None:
     _verify_options(p, "transformers' own model loaded from the folder")
 
 
-def _hf_export(args: argparse.Namespace) -> dict:
-    from bio_megatron.export.hf import export_hf
+def classify_dataset(task_name: str) -> tuple[list[str], str]:
+    """A BLURB dataset's labels and mode (single, regression, multi): what ``export hf`` of a classify model needs
+    from ``tasks/``, which sits above ``formats/``, so it is handed down from here."""
+    from bio_megatron.tasks.classify_data import dataset
 
-    return export_hf(args.checkpoint, args.out, overwrite=args.overwrite, dtype=args.dtype)
+    data = dataset(task_name)
+    return list(data.labels), data.mode
+
+
+def _hf_export(args: argparse.Namespace) -> dict:
+    from bio_megatron.formats.hf.convert import export_hf
+
+    return export_hf(args.checkpoint, args.out, overwrite=args.overwrite, dtype=args.dtype,
+                     classify_dataset=classify_dataset)
 
 
 def _hf_import(args: argparse.Namespace) -> dict:
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
 
     return import_hf(args.model, args.out, overwrite=args.overwrite, verify=args.verify, tolerance=args.tolerance,
                      generator=args.generator)

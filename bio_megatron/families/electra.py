@@ -222,7 +222,7 @@ def electra_configs(shape: ModelShape, gen_shape: ModelShape, vocab_size: int, m
 
 class ElectraFamily(BertLikeFamily):
     """The discriminator is what the engine fine-tunes and HF loads as the model; the generator travels beside it
-    (``export/hf_electra.py`` writes and reads the two folders)."""
+    (``formats/hf/electra.py`` writes and reads the two folders)."""
 
     def __init__(self):
         super().__init__("electra", (MODEL_TYPE,), "Electra", "post_ln")

@@ -6,5 +6,5 @@ from __future__ import annotations
 
 from bio_megatron.families.bert_layers import BertLikeFamily
 
-REMOTE_MODEL_TYPE = "bio-megatron-bert"  # export hf's BioMegatronFor* classes (bio_megatron/export/hf_modeling.py)
+REMOTE_MODEL_TYPE = "bio-megatron-bert"  # export hf's BioMegatronFor* classes (bio_megatron/formats/hf/modeling.py)
 MEGATRON_BERT = BertLikeFamily("megatron_bert", ("megatron-bert", REMOTE_MODEL_TYPE), "MegatronBert", "pre_ln")

@@ -154,7 +154,7 @@ def export_finetuned(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoTokenizer, BertForTokenClassification
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
@@ -178,7 +178,7 @@ def export_mlm(ckpt: str, out: str, pad_from: int | None = None) -> dict:
     import transformers
 
     from bio_megatron.config.pretrain import ModelConfig
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.models.bert import build_model
     from bio_megatron.formats.source import resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint

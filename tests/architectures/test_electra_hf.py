@@ -73,7 +73,7 @@ def _our_logits(ckpt: str, tp: int) -> dict | None:
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-    from bio_megatron.export.hf_electra import electra_forward, load_electra
+    from bio_megatron.formats.hf.electra import electra_forward, load_electra
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.formats.source import resolve_source
 
@@ -123,7 +123,7 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     res = {"class": info["class"], "files": {}}
@@ -167,8 +167,8 @@ def _export_pretrained(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoModelForMaskedLM, AutoModelForPreTraining
 
-    from bio_megatron.export.hf import export_hf
-    from bio_megatron.export.hf_electra import electra_forward, load_electra
+    from bio_megatron.formats.hf.convert import export_hf
+    from bio_megatron.formats.hf.electra import electra_forward, load_electra
     from bio_megatron.formats.verify import fixed_batch
     from bio_megatron.formats.source import resolve_source
 
@@ -266,7 +266,7 @@ def _edited(src: Path, dst: Path, config: dict | None = None, tensor: str | None
 ])
 def test_refuses_what_the_shared_embedding_model_cannot_hold(imported, tmp_path, which, config, tensor, message):
     """Each refusal comes before any process group exists (so it runs in the pytest process) and writes nothing."""
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported
@@ -285,7 +285,7 @@ def test_refuses_what_the_shared_embedding_model_cannot_hold(imported, tmp_path,
 def test_discriminator_config_disagreeing_with_its_tensors_is_refused(imported, tmp_path, config, message):
     """A discriminator imported alone (as BioELECTRA publishes it): its config.json is checked against the tensors
     beside it (issue 21: with num_hidden_layers 1 the second layer was dropped without a word)."""
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
     from bio_megatron.utils.errors import CheckpointError
 
     root, _ = imported

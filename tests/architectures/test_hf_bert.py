@@ -52,7 +52,7 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     import torch
     from transformers import BertForPreTraining
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     hf = BertForPreTraining.from_pretrained(out).eval()
@@ -119,7 +119,7 @@ def _bare_encoder_parity(hf_dir: str, ckpt: str) -> dict:
     import torch
     from transformers import BertConfig, BertModel
 
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 
     vocab = vocab_lines()

@@ -160,7 +160,7 @@ def _make_hf(folder: str, bpe: str) -> None:
 
 
 def _import(hf_dir: str, out: str) -> None:
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
 
     import_hf(hf_dir, out)
 
@@ -172,7 +172,7 @@ def _logits_vs_transformers(ckpt: str, out: str, task: str, inputs: list) -> dic
     import transformers
 
     from bio_megatron.evaluation.conlleval import chunks
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
     from bio_megatron.predict.ner import predict_entities
 

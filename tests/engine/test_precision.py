@@ -256,7 +256,7 @@ def test_finetuning_follows_the_same_precision_rules(tmp_path):
 
 
 def _export(ckpt: Path, out: Path, dtype: str) -> dict:
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     return export_hf(ckpt, out, dtype=dtype)
 

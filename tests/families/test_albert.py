@@ -87,7 +87,7 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoModelForPreTraining, AutoTokenizer
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     hf = AutoModelForPreTraining.from_pretrained(out).eval()
@@ -151,7 +151,7 @@ def _export_task(ckpt: str, out: str) -> dict:
     import torch
     import transformers
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     hf = getattr(transformers, info["class"]).from_pretrained(out).eval()
@@ -221,7 +221,7 @@ def _export_finetuned_ner(ckpt: str, out: str, text_file: str, pred: str) -> dic
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     from bio_megatron.cli import main
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     rc = main(["predict", "ner", "--checkpoint", ckpt, "--input", text_file, "--out", pred])

@@ -21,7 +21,7 @@ def _export_and_compare(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoModelForPreTraining, AutoTokenizer
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.formats.verify import load_pretraining
 
     info = export_hf(ckpt, out)

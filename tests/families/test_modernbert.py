@@ -79,7 +79,7 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     import torch
     from transformers import AutoModelForMaskedLM
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     hf = AutoModelForMaskedLM.from_pretrained(out, attn_implementation="eager").eval()

@@ -76,7 +76,7 @@ def _export_task(ckpt: str, out: str) -> dict:
     import torch
     import transformers
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = export_hf(ckpt, out)
     hf = getattr(transformers, info["class"]).from_pretrained(out, attn_implementation="eager").eval()
@@ -168,11 +168,12 @@ def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: st
     import transformers
 
     from bio_megatron.cli import main
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.cli.convert import classify_dataset
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     rc = main(["predict", task, "--checkpoint", ckpt, "--input", text_file, "--out", pred]) if task != "re" else None
-    info = export_hf(ckpt, out)
+    info = export_hf(ckpt, out, classify_dataset=classify_dataset)  # what export hf hands down
     loaded = load_finetuned(ckpt, default_labels=["0", "1"])
     tok = loaded.tokenizer
     rows = [tok.single(tok.tokenize(t)) for t in ("Naloxone reverses the antihypertensive effect of clonidine.",

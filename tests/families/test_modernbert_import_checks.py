@@ -74,7 +74,7 @@ def test_data_tokenize_records_a_tokenizer_json_as_bpe(tmp_path):
 
 
 def _import_and_export(hf_dir: str, ckpt: str, out: str) -> dict:
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     info = import_hf_folder(hf_dir, ckpt)
     export_hf(ckpt, out)

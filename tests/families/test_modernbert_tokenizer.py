@@ -131,7 +131,7 @@ def _predict_and_export(ckpt: str, text_file: str, pred: str, out: str) -> dict:
     from transformers import AutoModelForTokenClassification, AutoTokenizer
 
     from bio_megatron.cli import main
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     rc = main(["predict", "ner", "--checkpoint", ckpt, "--input", text_file, "--out", pred])

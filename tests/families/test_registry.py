@@ -146,7 +146,7 @@ def _strip_family(ckpt: Path) -> None:
 
 
 def _export(ckpt: str, out: str) -> tuple[str, dict]:
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.formats.source import resolve_source
 
     res = export_hf(ckpt, out)
@@ -197,6 +197,6 @@ def test_a_model_fine_tuned_from_an_older_checkpoint_records_its_family(post_ln_
 
 
 def _import(folder: str, out: str) -> None:
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
 
     import_hf(folder, out)

@@ -43,14 +43,15 @@ def _predict_and_export(ckpt: str, gold: str, pred: str, hf_dir: str) -> dict:
     import transformers
 
     from bio_megatron.cli import main
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.cli.convert import classify_dataset
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.predict.classify import load_classifier, read_examples
     from bio_megatron.tasks.classify_data import encode
     from bio_megatron.utils.errors import CheckpointError
 
     rc = main(["predict", "classify", "--checkpoint", ckpt, "--input", gold, "--out", pred])
     try:
-        info = export_hf(ckpt, hf_dir)
+        info = export_hf(ckpt, hf_dir, classify_dataset=classify_dataset)  # what export hf hands down
     except CheckpointError as exc:
         return {"rc": rc, "refused": str(exc)}
     loaded = load_classifier(ckpt)

@@ -27,7 +27,7 @@ def _export_compare(ckpt: str, out: str, back: str) -> dict:
     import torch
     from transformers import AutoTokenizer, MegatronBertForTokenClassification, pipeline
 
-    from bio_megatron.export.hf import export_hf, import_hf
+    from bio_megatron.formats.hf.convert import export_hf, import_hf
 
     export_hf(ckpt, out)
     tok = AutoTokenizer.from_pretrained(out)
@@ -69,7 +69,7 @@ def test_tp2pp2_checkpoint_exports_and_roundtrips(tmp_path):
 
 def test_plain_class_only_for_heads_transformers_computes_exactly():
     from bio_megatron.config.finetune import NerModelConfig, QaModelConfig, ReModelConfig
-    from bio_megatron.export.hf_heads import head_settings, plain_class
+    from bio_megatron.formats.hf.heads import head_settings, plain_class
 
     def cls(task, m):
         return plain_class(task, head_settings(task, m), m.shape().hidden_size)

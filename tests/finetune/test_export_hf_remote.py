@@ -59,8 +59,8 @@ def _check(task: str, ckpt: str, out: str, back: str, again: str) -> dict:
     from safetensors.torch import load_file
     from transformers import dynamic_module_utils
 
-    from bio_megatron.export import hf_modeling
-    from bio_megatron.export.hf import export_hf, import_hf
+    from bio_megatron.formats.hf import modeling as hf_modeling
+    from bio_megatron.formats.hf.convert import export_hf, import_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
@@ -217,7 +217,7 @@ def test_bad_remote_code_folders_are_named(tmp_path):
 
 
 def _export(ckpt: str, out: str) -> dict:
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
 
     return export_hf(ckpt, out)
 
@@ -245,7 +245,7 @@ def test_finetune_from_remote_code_folder_equals_from_its_checkpoint(tmp_path, m
 
 
 def _import_error(hf_dir: str, out: str) -> str:
-    from bio_megatron.export.hf import import_hf
+    from bio_megatron.formats.hf.convert import import_hf
     from bio_megatron.utils.errors import CheckpointError
 
     try:

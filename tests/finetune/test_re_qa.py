@@ -17,7 +17,7 @@ def _export_compare(task: str, ckpt: str, out: str) -> dict:
     import torch
     import transformers
 
-    from bio_megatron.export.hf import export_hf
+    from bio_megatron.formats.hf.convert import export_hf
     from bio_megatron.loading.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)

@@ -101,7 +101,7 @@ def test_tokenizer_json_only_folder_imports_and_verifies(folders, tmp_path):
 
 
 def _verify_against_other(other: str, hf: str, tmp: str) -> dict:
-    from bio_megatron.export.hf import import_hf, verify_hf_import
+    from bio_megatron.formats.hf.convert import import_hf, verify_hf_import
 
     import_hf(Path(other), Path(tmp) / "other_ckpt")  # same shape and vocabulary, other weights
     return verify_hf_import(Path(hf), Path(tmp) / "other_ckpt")

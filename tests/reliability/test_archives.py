@@ -38,7 +38,7 @@ def _cli_child(argv: list[str], tmpdir: str) -> dict:
     import tempfile
     import time
 
-    import bio_megatron.export.hf  # noqa: F401  (imports are not what is measured)
+    import bio_megatron.formats.hf.convert  # noqa: F401  (imports are not what is measured)
     import bio_megatron.formats.megatron_lm.convert  # noqa: F401
     import bio_megatron.formats.nemo.convert  # noqa: F401
     from bio_megatron.cli import main

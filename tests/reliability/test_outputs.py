@@ -186,14 +186,14 @@ def test_failed_export_leaves_nothing(ckpts, tmp_path):
 
 def _export_failing_midway(ckpt: str, out: str) -> dict:
     """export_hf in a forked process whose tokenizer step fails after the weights were written."""
-    import bio_megatron.export.hf as hf_mod
+    import bio_megatron.formats.hf.convert as hf_mod
     from bio_megatron.utils.errors import DataError
 
     def broken(tmp, *_):
         assert (tmp / "model.safetensors").is_file()  # the failure really is halfway through the folder
         raise DataError("disk full (simulated)", str(tmp))
 
-    hf_mod.save_tokenizer = broken  # the name export_hf calls (export/hf_files.py's writer)
+    hf_mod.save_tokenizer = broken  # the name export_hf calls (formats/hf/convert.py)
     try:
         hf_mod.export_hf(ckpt, out, overwrite=True)
     except DataError as exc:

@@ -2,7 +2,7 @@
 
 A head that equals one of transformers' fixed heads exports to the family's plain class (``MegatronBertFor*``,
 ``BertFor*``, ...: :mod:`bio_megatron.families`; no remote code); every other NeMo MLP head exports to the ``BioMegatronFor*`` class of
-:mod:`bio_megatron.export.hf_modeling`, copied into the folder as ``modeling_bio_megatron.py`` and named in
+:mod:`bio_megatron.formats.hf.modeling`, copied into the folder as ``modeling_bio_megatron.py`` and named in
 ``config.json``'s ``auto_map``. Its settings travel in ``config.json`` as ``bio_megatron_head`` and its
 weights under our own names (``head.mlp.layer0.*``, ...).
 
@@ -62,7 +62,7 @@ def remote_config_fields(task: str, settings: dict) -> dict:
 
 
 def write_remote_code(folder: Path) -> Path:
-    """Copy :mod:`bio_megatron.export.hf_modeling` verbatim beside config.json, where ``auto_map`` points."""
+    """Copy :mod:`bio_megatron.formats.hf.modeling` verbatim beside config.json, where ``auto_map`` points."""
     dest = Path(folder) / f"{REMOTE_MODULE}.py"
-    shutil.copyfile(Path(__file__).with_name("hf_modeling.py"), dest)
+    shutil.copyfile(Path(__file__).with_name("modeling.py"), dest)
     return dest

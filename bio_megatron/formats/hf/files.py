@@ -1,6 +1,6 @@
 """What every ``export hf`` / ``import hf`` folder shares, whichever family writes it: the command names in its
-output marker and the dtypes it can be written in. Both writers (:mod:`.hf` and ELECTRA's two folders,
-:mod:`.hf_electra`) take them from here; the tokenizer files beside the weights are the family's
+output marker and the dtypes it can be written in. Both writers (:mod:`.convert` and ELECTRA's two folders,
+:mod:`.electra`) take them from here; the tokenizer files beside the weights are the family's
 (``Family.save_tokenizer``)."""
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.export.hf_files import IMPORT_COMMAND
+    from bio_megatron.formats.hf.files import IMPORT_COMMAND
     from bio_megatron.formats.ours import save_verified
     from bio_megatron.loading.finetuned import single_process
     from bio_megatron.formats.hf.read import read_hf_weights
@@ -218,9 +218,9 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     from bio_megatron.config.pretrain import electra_shapes
-    from bio_megatron.export.folder_modes import apply_umask_modes
-    from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES
-    from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
+    from bio_megatron.formats.hf.folder_modes import apply_umask_modes
+    from bio_megatron.formats.hf.files import EXPORT_COMMAND, EXPORT_DTYPES
+    from bio_megatron.formats.hf.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
     from bio_megatron.vocab.bpe import BPETokenizer
 
     if overwrite:  # a card the user edited in either folder is not replaced silently

@@ -2,7 +2,7 @@
 
 Export loads the checkpoint (saved at any TP/PP layout) into one TP1 process through dist-checkpointing
 resharding, converts the encoder with :mod:`bio_megatron.models.hf_convert` and maps the head
-(:mod:`bio_megatron.export.hf_heads`). A head that equals one of transformers' fixed heads becomes the plain
+(:mod:`bio_megatron.formats.hf.heads`). A head that equals one of transformers' fixed heads becomes the plain
 class; every other head (the paper's MLPs: 2 layers, ``fc_hidden_size`` 512-2048, relu) becomes the
 matching ``BioMegatronFor*`` class, whose code the folder carries (``trust_remote_code=True``):
 
@@ -17,7 +17,7 @@ re         MegatronBertForSequenceClassification      ``classifier_head.num_outp
                                                       encoder width -> ``bert.pooler`` + ``classifier``
 classify   MegatronBertForSequenceClassification      the same head (BLURB datasets; ``problem_type``
                                                       single-label / regression / multi-label; any other
-                                                      head is refused: :mod:`~.hf_classify`)
+                                                      head is refused: :mod:`~.classify`)
 =========  =========================================  ==================================================
 
 =========  =========================================  ==================================================
@@ -34,7 +34,7 @@ SequenceClassification}`` for the heads above, ``model_type: bert``); ``import h
 (``BertModel`` too: a fresh MLM head is initialised). The remote-code classes are pre-LN only.
 
 The remote-code folder adds ``modeling_bio_megatron.py`` (a verbatim copy of
-:mod:`bio_megatron.export.hf_modeling`), ``model_type: bio-megatron-bert``, ``auto_map`` (AutoConfig + the
+:mod:`bio_megatron.formats.hf.modeling`), ``model_type: bio-megatron-bert``, ``auto_map`` (AutoConfig + the
 AutoModel above) and ``bio_megatron_head`` to ``config.json``; head weights keep our names (``head.mlp.*``).
 Every folder gets ``model.safetensors``, ``config.json`` (``id2label``/``label2id``), ``vocab.txt`` +
 tokenizer files, ``label_ids.csv`` and ``bio_megatron_export.json``. ``import hf`` (and ``finetune``/
@@ -52,19 +52,20 @@ from pathlib import Path
 import torch
 
 from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
-from bio_megatron.export.folder_modes import apply_umask_modes
-from bio_megatron.export.hf_files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND
-from bio_megatron.export.hf_heads import (head_settings, plain_class, remote_config_fields, remote_head,
-                                          write_remote_code)
-from bio_megatron.export.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
 from bio_megatron.families import Family, family_named, family_of_model
 from bio_megatron.families.electra import ELECTRA
 from bio_megatron.families.megatron_bert import REMOTE_MODEL_TYPE
+from bio_megatron.formats.hf.classify import ClassifyDataset, classify_export_fields, classify_problems
+from bio_megatron.formats.hf.files import EXPORT_COMMAND, EXPORT_DTYPES, IMPORT_COMMAND
+from bio_megatron.formats.hf.folder_modes import apply_umask_modes
+from bio_megatron.formats.hf.heads import (head_settings, plain_class, remote_config_fields, remote_head,
+                                          write_remote_code)
+from bio_megatron.formats.hf.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
+from bio_megatron.formats.hf.read import CLASS_TASK, REMOTE_CLASS, read_hf_state
 from bio_megatron.formats.ours import pretraining_config, read_ours, write_ours
+from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
 from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.loading.finetuned import load_finetuned, single_process
-from bio_megatron.formats.hf.read import CLASS_TASK, REMOTE_CLASS, read_hf_state
-from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -75,10 +76,13 @@ log = get_logger(__name__)
 
 
 
-def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, dtype: str = "fp32") -> dict:
+def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, dtype: str = "fp32",
+              classify_dataset: ClassifyDataset | None = None) -> dict:
     """Write an HF folder for ``checkpoint`` (pretraining or fine-tuned, any saved layout); returns a summary.
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``export hf`` output. ``dtype`` (fp32, bf16)
-    is the weights' dtype in the folder; fp32 from a bf16/fp16 run takes its fp32 main parameters."""
+    is the weights' dtype in the folder; fp32 from a bf16/fp16 run takes its fp32 main parameters.
+    ``classify_dataset``: a BLURB dataset's labels and mode by name, for a ``classify`` checkpoint
+    (:mod:`.classify`; ``tasks/`` knows them, above this folder, so the caller hands them down)."""
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype ({dtype!r}) must be one of {', '.join(EXPORT_DTYPES)}")
     check_output_dir(out, EXPORT_COMMAND, overwrite)  # refuse before loading anything
@@ -94,7 +98,7 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     if src.task is None:
         hsd, config, tok_lower, labels = _pretraining_to_hf(src)
     else:
-        hsd, config, tok_lower, labels = _task_to_hf(src)
+        hsd, config, tok_lower, labels = _task_to_hf(src, classify_dataset)
     cls = config.architectures[0]
     remote = hasattr(config, "bio_megatron_head")
     hf_model = _hf_class(cls, remote)(config)
@@ -128,14 +132,14 @@ def save_tokenizer(out: Path, vocab_file: Path, lowercase: bool | None, family: 
 
 def _folder_pairs() -> dict:
     """Families whose HF form is two folders (ELECTRA: discriminator + generator): (export, import) functions."""
-    from bio_megatron.export.hf_electra import export_electra, import_electra
+    from bio_megatron.formats.hf.electra import export_electra, import_electra
 
     return {ELECTRA.name: (export_electra, import_electra)}
 
 
 def _hf_class(name: str, remote: bool) -> type:
     if remote:  # the very module the folder carries, imported here rather than from the folder
-        from bio_megatron.export import hf_modeling
+        from bio_megatron.formats.hf import modeling as hf_modeling
 
         return getattr(hf_modeling, name)
     import transformers
@@ -143,13 +147,12 @@ def _hf_class(name: str, remote: bool) -> type:
     return getattr(transformers, name)
 
 
-def _task_to_hf(src: Source) -> tuple[dict, object, bool, list[str] | None]:
+def _task_to_hf(src: Source, classify_dataset: ClassifyDataset | None) -> tuple[dict, object, bool, list[str] | None]:
     """Encoder + head of a fine-tuned checkpoint at TP1 as an HF state and config: the family's plain task class
     when it computes the head, else (Megatron BERT only) the remote-code class."""
     if src.task == "classify":  # BLURB classification: (Megatron)BertForSequenceClassification with its problem_type
-        from bio_megatron.export.hf_classify import classify_to_hf
-
-        return classify_to_hf(src)
+        labels, fields = classify_export_fields(src, classify_dataset)
+        return state_to_hf(read_ours(src.path, default_labels=labels), fields)
     return state_to_hf(read_ours(src.path))
 
 
@@ -169,9 +172,10 @@ def _exportable(src: Source) -> None:
                               "one: " + "; ".join(problems))
 
 
-def state_to_hf(state: ModelState) -> tuple[dict, object, bool, list[str] | None]:
+def state_to_hf(state: ModelState, config_fields: dict | None = None) -> tuple[dict, object, bool, list[str] | None]:
     """(HF state dict, transformers config, tokenizer lower-casing, labels) of a :class:`ModelState`: the family's
-    plain class (pretraining, or a task head it computes), else (Megatron BERT only) the remote-code class."""
+    plain class (pretraining, or a task head it computes), else (Megatron BERT only) the remote-code class.
+    ``config_fields``: more ``config.json`` fields (a classify model's ``problem_type`` and ``finetuning_task``)."""
     m, task, family = state.model, state.task, family_named(state.family)
     tok = state.tokenizer()
     tokens = family.hf_tokens(tok)
@@ -186,6 +190,8 @@ def state_to_hf(state: ModelState) -> tuple[dict, object, bool, list[str] | None
         hsd = family.to_hf(state.tensors, m, state.vocab_size, binary_head=binary, **tokens)
         return hsd, family.hf_config(m, state.vocab_size, **tokens, architectures=[cls]), lower, None
     settings = head_settings(task, m)
+    if task == "classify":  # no remote-code class: transformers' own sequence class or nothing
+        classify_problems(state.source, family, settings, state.shape.hidden_size)
     plain = plain_class(task, settings, state.shape.hidden_size, family) is not None
     cls = family.hf_class(task) if plain else REMOTE_CLASS[task]
     problems = family.export_problems(m, task)
@@ -201,12 +207,13 @@ def state_to_hf(state: ModelState) -> tuple[dict, object, bool, list[str] | None
     hsd = {**family.to_hf(state.tensors, m, state.vocab_size, binary_head=False, **tokens), **head}
     labels = state.labels
     extra = {"architectures": [cls]} if plain else remote_config_fields(task, settings)
+    extra.update(config_fields or {})
     if labels:
         extra.update(num_labels=len(labels), id2label={i: t for i, t in enumerate(labels)},
                      label2id={t: i for i, t in enumerate(labels)})
     config = family.hf_config(m, state.vocab_size, **tokens, **extra)
     if not plain:
-        from bio_megatron.export.hf_modeling import BioMegatronConfig
+        from bio_megatron.formats.hf.modeling import BioMegatronConfig
 
         # Same fields, own model_type: loading without trust_remote_code then fails instead of silently
         # building transformers' plain head with random weights.
@@ -220,7 +227,7 @@ def import_hf(hf_dir: str | Path, out: str | Path, overwrite: bool = False, veri
     """Write a BioMegatron checkpoint (TP1, model weights only; loadable at any layout) from an HF folder.
     ``out`` must be absent or empty, or (``overwrite``) an earlier ``import hf`` output. ``verify``: the
     folder run by transformers itself vs the written checkpoint (:func:`verify_hf_import`). ``generator``:
-    an ELECTRA discriminator's generator folder (:mod:`bio_megatron.export.hf_electra`)."""
+    an ELECTRA discriminator's generator folder (:mod:`bio_megatron.formats.hf.electra`)."""
     check_output_dir(out, IMPORT_COMMAND, overwrite)  # refuse before converting anything
     src = resolve_source(hf_dir)  # refusals (activation, tokenizer, ...) before any process group exists
     if src.kind != "hf":

@@ -1,1 +1,0 @@
-"""Checkpoint interchange with Hugging Face ``transformers`` (``MegatronBert*``)."""
