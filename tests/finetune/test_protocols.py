@@ -4,6 +4,7 @@ selection on dev; early stopping with patience; k-fold cross-validation (tuned o
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -151,6 +152,24 @@ def test_grid_selects_on_dev_and_early_stopping_stops_at_patience(grid_run):
     assert stops["1e-09"] == 4  # evaluations at 2 (the first best) and 4 (no change): patience 1 reached
     md = (sweep / "results.md").read_text()
     assert "| model.optim.lr | dev_f1 (mean over seeds) | selected |" in md and md.count("✓") == 1
+
+
+def test_grid_points_take_any_key_the_papers_sweep():
+    """The keys BioELECTRA's and BioM-Transformers' grids sweep (learning rate, batch size, epochs), the layer-wise
+    decay and the head's shape: the cartesian product, each point a validated config holding its values."""
+    from bio_megatron.tasks.grid import grid_points
+
+    grid = {"model.optim.lr": ("1e-5", "2e-5"), "model.global_batch_size": ("16", "32"), "trainer.max_epochs": ("5",),
+            "model.optim.layerwise_lr_decay": ("0.8",), "model.head.num_fc_layers": ("2",)}  # each not the recipe's
+    points = grid_points("ner", RECIPES["ner"], ["model.optim.lr=1e-3"], [f"{k}={','.join(v)}" for k, v in grid.items()],
+                         1)
+    assert [tuple(p.values.values()) for p in points] == list(itertools.product(*grid.values()))
+    for p in points:
+        c = p.cfg
+        got = (c.model.optim.lr, c.model.global_batch_size, c.trainer.max_epochs, c.model.optim.layerwise_lr_decay,
+               c.model.head.num_fc_layers)
+        assert got == tuple(t(v) for t, v in zip((float, int, int, float, int), p.values.values())), p.tag
+    assert len({p.tag for p in points}) == 4  # one run folder per point
 
 
 @pytest.mark.parametrize("argv,message", [
