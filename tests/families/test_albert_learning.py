@@ -24,7 +24,9 @@ the cause: E = H = 64 gives dev 50.0 / test 41.9, E = H = 128 (lr 1e-3) 49.8 / 4
 42.5 on test: 20 epochs (dev 48.9), lr 1e-3 x 20 epochs (50.4), lr 5e-3 (collapses to all-O), only first pieces
 labelled (47.8), batch 8 at lr 1e-3 (51.0), a two-layer head of 128 (48.2), encoder dropout 0.1 with head dropout
 0.1 or 0.5 x 20 epochs (49.7, 49.5; test 40.8, 42.5); earlier: E 64 / H 128 (47.3), a 2,000-piece SentencePiece
-vocabulary (38.6)."""
+vocabulary (38.6). Other slices and sizes, same settings (measured 2026-11-26): BC5CDR-disease test 29.6 / dev 32.0
+against the lexicon's 32.5 / 39.0, NCBI-disease 28.6 / 29.6 against 32.5 / 30.3, and BC5CDR-chem with 4,000 training
+sentences 51.4 / 60.9 against 59.7 / 73.4: more data helps the lexicon more than a random encoder of this size."""
 
 from __future__ import annotations
 
