@@ -113,3 +113,14 @@ def test_a_folds_test_predictions_score_with_evaluate_gad_on_its_test_file(tmp_p
     assert main(["evaluate", "gad", "--gold", str(EUADR / "2" / "test.tsv"), "--pred", res["test_predictions"]]) == 0
     scored = json.loads(capsys.readouterr().out)  # the fold's ids are its test file's index column
     assert {**scored, "task": "euadr"} == res["test"] and scored["total"] == 3
+    # predict classify reads the fold's test file (BioBERT's indexed form) as training did: the same predictions
+    (rc,) = run_world(1, _predict, res["checkpoint"], str(EUADR / "2" / "test.tsv"), str(tmp_path / "pred.jsonl"))
+    written = [json.loads(x) for x in Path(res["test_predictions"]).read_text().splitlines()]
+    predicted = [json.loads(x) for x in (tmp_path / "pred.jsonl").read_text().splitlines()]
+    assert rc == 0 and [(p["id"], p["label"]) for p in predicted] == [(w["id"], w["label"]) for w in written]
+
+
+def _predict(ckpt: str, gold: str, out: str) -> int:
+    from bio_megatron.cli import main
+
+    return main(["predict", "classify", "--checkpoint", ckpt, "--input", gold, "--out", out])
