@@ -69,9 +69,9 @@ def run(args: argparse.Namespace) -> int:
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.config.recipes import find_recipe
     from bio_megatron.parallel.distributed import resolve_world
-    from bio_megatron.parallel.lean_import import import_megatron_core
+    from bio_megatron.parallel.seam import import_megatron_core
 
-    import_megatron_core()  # before anything imports megatron-core: 1-2 s less start-up (lean_import says why)
+    import_megatron_core()  # before anything imports megatron-core: 1-2 s less start-up (parallel/lean_import.py says why)
     world = resolve_world()
     seeds = parse_seeds(args.seeds)
     recipe = find_recipe(args.task, args.config)

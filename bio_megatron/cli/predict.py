@@ -58,7 +58,7 @@ def _positive(text: str) -> int:
 
 def _lean_start() -> None:
     """Import megatron-core the lean way (``parallel/lean_import.py``) before the loader imports it."""
-    from bio_megatron.parallel.lean_import import import_megatron_core
+    from bio_megatron.parallel.seam import import_megatron_core
 
     import_megatron_core()
 

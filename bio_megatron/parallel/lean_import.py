@@ -21,10 +21,11 @@ Both are undone when the import returns; modules of megatron-core imported later
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -50,16 +51,17 @@ def deferred_compile(model: Any = None, **kwargs: Any) -> Any:
     return compile_on_first_call
 
 
-def import_megatron_core() -> None:
-    """``import megatron.core`` (the whole package, as its ``__init__`` loads it) with the two deferrals above."""
-    if "megatron.core" in sys.modules:
-        return
+@contextlib.contextmanager
+def deferring() -> Iterator[None]:
+    """While the block runs: ``torch.compile`` is :func:`deferred_compile` and ``import wandb`` raises ImportError
+    (unless wandb is already imported). Both are undone when it ends. Installed only through the seam
+    (``seam.import_megatron_core``), which lists it as the row for ``torch.compile``."""
     hide_wandb = "wandb" not in sys.modules
     if hide_wandb:
         sys.modules["wandb"] = None  # type: ignore[assignment]  # `import wandb` raises ImportError meanwhile
     torch.compile = deferred_compile  # type: ignore[assignment]
     try:
-        import megatron.core  # noqa: F401
+        yield
     finally:
         torch.compile = _real_compile  # type: ignore[assignment]
         if hide_wandb and sys.modules.get("wandb", 0) is None:

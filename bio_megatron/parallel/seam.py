@@ -7,6 +7,7 @@ torch's Adam, a process its checkpoint saves start, the ``pickle`` its loads tru
 on every module of the package), why, when it applies, the test that guards it, and the installer (the function
 in this package that makes it). :func:`install` is the only way they are made:
 
+* ``with install("import")`` while :func:`import_megatron_core` imports megatron-core (start-up of finetune/predict);
 * ``install("process")`` once per process before anything is built (``init_distributed``), after checking that
   the installed megatron-core is the one pinned in ``pyproject.toml`` (:data:`MCORE_PIN`);
 * ``install("model", ddp=..., setting=...)`` for each megatron DDP model (gradient-accumulation fusion);
@@ -30,7 +31,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from bio_megatron.parallel import cpu_shim, device_redirect, dist_ckpt, grad_fusion, multi_tensor, norm_swap
+from bio_megatron.parallel import cpu_shim, device_redirect, dist_ckpt, grad_fusion, lean_import, multi_tensor, norm_swap
 from bio_megatron.utils.errors import BioMegatronError
 from bio_megatron.utils.log import get_logger
 
@@ -39,8 +40,8 @@ log = get_logger(__name__)
 MCORE_PIN = "0.19.2"  # pyproject.toml pins megatron-core==this (tests/engine/test_seam.py compares the two)
 ALLOW_ENV = "BIO_MEGATRON_ALLOW_MCORE"  # =<installed version>: run on it anyway (trying an upgrade), with a warning
 
-Scope = Literal["process", "model", "build", "save", "load"]
-SCOPED = ("build", "load")  # their installers are context managers: undone when the ``with`` block ends
+Scope = Literal["import", "process", "model", "build", "save", "load"]
+SCOPED = ("import", "build", "load")  # their installers are context managers: undone when the ``with`` block ends
 
 
 class VersionError(BioMegatronError):
@@ -149,6 +150,12 @@ _DOPT = "megatron.core.optimizer.distrib_optimizer.DistributedOptimizer"
 _LAYERS = "megatron.core.tensor_parallel.layers"
 
 REPLACEMENTS: tuple[Replacement, ...] = (
+    Replacement("torch.compile", "megatron-core decorates ~40 fused helpers with torch.compile as its modules load, "
+                "which imports TorchDynamo and Inductor (~2.6 s of start-up on two cores): the real call is made on a "
+                "helper's first call instead; `import wandb` (megatron.core.timers, for Timers.write, unused here) "
+                "fails meanwhile", "while finetune and predict import megatron-core (import_megatron_core)",
+                "tests/bench/test_startup.py::test_megatron_core_imports_without_inductor_and_wandb_and_leaves_both_"
+                "usable", "import", lean_import.deferring, _is(lambda: lean_import.deferred_compile)),
     _cuda("current_device", "megatron puts buffers on `device=torch.cuda.current_device()`: 0, which the "
           "redirect maps to the CPU"),
     _cuda("synchronize", "a no-op: CPU work is synchronous"),
@@ -312,6 +319,15 @@ def install(scope: Scope = "process", **ctx: Any) -> Installed:
             _PROCESS_DONE.add(installer)
     done.rows = tuple(applied)
     return done
+
+
+def import_megatron_core() -> None:
+    """``import megatron.core`` (the whole package, as its ``__init__`` loads it) inside the "import" scope; nothing
+    happens once it is imported (a forked test world, a second call)."""
+    if "megatron.core" in sys.modules:
+        return
+    with install("import"):
+        import megatron.core  # noqa: F401
 
 
 def _import_attr(path: str) -> tuple[Any, str]:

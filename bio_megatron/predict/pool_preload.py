@@ -13,7 +13,7 @@ import logging
 import sys
 import warnings
 
-from bio_megatron.parallel.lean_import import import_megatron_core
+from bio_megatron.parallel.seam import import_megatron_core
 
 # A fresh interpreter has none of the CLI's filters (cli/__init__.py::_quiet_dependencies, one level up): the same
 # ones, so that megatron-core's fallback warnings (apex, TE) are not printed again by the pool; the workers inherit them.

@@ -19,7 +19,8 @@ PROBE = r"""
 import importlib.util, json, sys
 import torch
 real = torch.compile
-from bio_megatron.parallel.lean_import import deferred_compile, import_megatron_core
+from bio_megatron.parallel.lean_import import deferred_compile
+from bio_megatron.parallel.seam import import_megatron_core
 import_megatron_core()
 import megatron.core.jit as jit
 from megatron.core.fusions import fused_bias_gelu

@@ -47,6 +47,9 @@ def _in_place() -> dict:
         out["problems"][scope] = seam.check(scope, **ctx)
         out["checked"] += [r.target for r in seam.REPLACEMENTS if r.scope == scope and r.applies(ctx)]
 
+    with seam.install("import"):
+        record("import")
+    out["import_undone"] = seam.check("import") != []
     record("process")
     cfg = PretrainConfig()
     cfg.model = ModelConfig(size="tiny", encoder_seq_length=16, max_position_embeddings=64, micro_batch_size=2,
@@ -76,8 +79,8 @@ def test_every_row_is_in_place_after_install():
     from bio_megatron.parallel import seam
 
     out = run_world(1, _in_place, timeout=240)[0]
-    assert out["problems"] == {"process": [], "model": [], "save": [], "load": [], "build": []}
-    assert out["load_undone"] and out["build_undone"]  # the scoped ones end with their block
+    assert out["problems"] == {"import": [], "process": [], "model": [], "save": [], "load": [], "build": []}
+    assert out["load_undone"] and out["build_undone"] and out["import_undone"]  # the scoped ones end with their block
     if out["cuda"]:  # on a GPU only the rows for megatron without apex/TE apply
         return
     assert sorted(out["checked"]) == sorted(r.target for r in seam.REPLACEMENTS)  # on the CPU every row applies
