@@ -91,6 +91,8 @@ def test_clinical_releases_given_as_they_ship_are_cells_to_run(model, tmp_path, 
     cells = _cells(capsys, "blue-clinical", "--model", str(model), "--out", str(tmp_path / "c"), "--seeds", "42",
                    "--recipe-map", _data_map(tmp_path, four))
     assert [(k, w.startswith("missing")) for k, _, w in cells] == [(k, False) for k in four], cells
+    # each with BioELECTRA's protocol: its Table 7 values on its Table 6 ones (layer-wise decay 0.8)
+    assert all(f"/bioelectra/{k}.yaml" in w for k, _, w in cells), cells
     empty = tmp_path / "empty"
     empty.mkdir()
     cells = _cells(capsys, "blue-clinical", "--model", str(model), "--out", str(tmp_path / "e"), "--seeds", "42",
