@@ -26,14 +26,21 @@ from bio_megatron.vocab.bpe import load_tokenizer
 log = get_logger(__name__)
 
 
+# What decides the pretraining model a checkpoint holds beyond its family's shape: ELECTRA's objective and its
+# generator's width (without them an ELECTRA checkpoint would be built as BERT, or with a 1/3-wide generator).
+PRETRAINING_KEYS = ("objective", "generator_hidden_fraction")
+
+
 def pretraining_config(src: Source) -> tuple[ModelConfig, dict]:
-    """(ModelConfig, saved ``model`` section) of a pretraining checkpoint ``src``: its saved shape and family and
-    binary head; dropout off and the local transformer, as every reader at TP1 builds it. No weights are read."""
+    """(ModelConfig, saved ``model`` section) of a pretraining checkpoint ``src``: its saved shape, family, binary
+    head and :data:`PRETRAINING_KEYS`; dropout off and the local transformer, as every reader at TP1 builds it. No
+    weights are read."""
     if src.kind != "checkpoint":
         raise CheckpointError(f"{src.path}: a Hugging Face folder, not a checkpoint of ours")
     raw = saved_model_config(src.path)
-    m = ModelConfig(**src.shape, bert_binary_head=bool(raw.get("bert_binary_head", False)), hidden_dropout=0.0,
-                    attention_dropout=0.0, transformer_impl="local")
+    saved = {k: raw[k] for k in PRETRAINING_KEYS if raw.get(k) is not None}
+    m = ModelConfig(**src.shape, **saved, bert_binary_head=bool(raw.get("bert_binary_head", False)),
+                    hidden_dropout=0.0, attention_dropout=0.0, transformer_impl="local")
     return m, raw
 
 

@@ -124,9 +124,14 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
     from bio_megatron.formats.hf.convert import export_hf
+    from bio_megatron.formats.ours import read_ours
 
     info = export_hf(ckpt, out)
-    res = {"class": info["class"], "files": {}}
+    state = read_ours(ckpt)  # what export hf wrote the folders from: the objective and generator width carried
+    gen_fc1 = [v.shape for k, v in state.tensors.items() if k.startswith("generator.") and "linear_fc1.weight" in k]
+    res = {"class": info["class"], "files": {}, "objective": state.model.objective,
+           "fraction": state.model.generator_hidden_fraction, "gen_fc1": gen_fc1,
+           "vocab_rows": state.tensors["generator.output_layer.bias"].shape[0] == state.vocab_size}
     for name, auto in (("disc", AutoModelForPreTraining), ("gen", AutoModelForMaskedLM)):
         folder = Path(out) / ("discriminator" if name == "disc" else "generator")
         hf = auto.from_pretrained(str(folder)).eval()
@@ -136,6 +141,13 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
         res[f"{name}_class"] = type(hf).__name__
         res["files"][name] = sorted(p.name for p in folder.iterdir())
         res[f"{name}_tokens"] = AutoTokenizer.from_pretrained(str(folder))("Naloxone")["input_ids"]
+    card = Path(out) / "generator" / "README.md"  # a card the user edited: --overwrite refuses, before any weight
+    card.write_text(card.read_text(encoding="utf-8") + "Our notes.\n", encoding="utf-8")
+    try:
+        export_hf(ckpt, out, overwrite=True)
+    except Exception as exc:  # OutputError, one line naming the card
+        res["edited"] = f"{type(exc).__name__}: {exc}"
+    res["card_kept"] = card.read_text(encoding="utf-8").endswith("Our notes.\n")
     return res
 
 
@@ -143,6 +155,11 @@ def test_export_loads_in_transformers_with_same_logits(imported):
     root, ref = imported
     (res,) = run_world(1, _export_and_reload, str(root / "ckpt"), str(root / "export"))
     assert res["class"] == {"discriminator": "ElectraForPreTraining", "generator": "ElectraForMaskedLM"}
+    assert res.get("edited", "").startswith(f"OutputError: {root / 'export' / 'generator' / 'README.md'}: edited") \
+        and res["card_kept"], res
+    # read_ours keeps ELECTRA's objective and its generator (2 layers of width G, real vocabulary rows)
+    assert res["objective"] == "electra" and res["fraction"] == G / H, res
+    assert [tuple(s) for s in res["gen_fc1"]] == [(4 * G, G)] * 2 and res["vocab_rows"], res
     assert (res["disc_class"], res["gen_class"]) == ("ElectraForPreTraining", "ElectraForMaskedLM")
     for files in res["files"].values():
         assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer.json"} <= set(files), files

@@ -94,7 +94,9 @@ def export_hf(checkpoint: str | Path, out: str | Path, overwrite: bool = False, 
     single_process()
     family = family_named(src.shape["family"])
     if src.task is None and family.name in _folder_pairs():  # two folders: discriminator/ and generator/
-        return _folder_pairs()[family.name][0](src, out, overwrite, dtype)
+        write, _, refuse = _folder_pairs()[family.name]
+        state = read_ours(src.path, accept=lambda s: refuse(s, out, overwrite))  # refusals before any weight
+        return write(state, out, overwrite, dtype)
     if src.task is None:
         hsd, config, tok_lower, labels = _pretraining_to_hf(src)
     else:
@@ -131,10 +133,11 @@ def save_tokenizer(out: Path, vocab_file: Path, lowercase: bool | None, family: 
 
 
 def _folder_pairs() -> dict:
-    """Families whose HF form is two folders (ELECTRA: discriminator + generator): (export, import) functions."""
-    from bio_megatron.formats.hf.electra import export_electra, import_electra
+    """Families whose HF form is two folders (ELECTRA: discriminator + generator): (export of a ModelState, import,
+    the export's refusals before any weight is read) functions."""
+    from bio_megatron.formats.hf.electra import export_electra, import_electra, refuse_electra_export
 
-    return {ELECTRA.name: (export_electra, import_electra)}
+    return {ELECTRA.name: (export_electra, import_electra, refuse_electra_export)}
 
 
 def _hf_class(name: str, remote: bool) -> type:

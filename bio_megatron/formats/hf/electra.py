@@ -26,6 +26,7 @@ from bio_megatron.families.electra import (DISCRIMINATOR_CLASSES, ELECTRA, elect
                                            electra_mcore_to_hf, generator_problems)
 from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.formats.source import Source, read_hf_config
+from bio_megatron.formats.state import ModelState
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
@@ -213,30 +214,40 @@ def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, chec
                          max_positions=m.max_position_embeddings)
 
 
-def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) -> dict:
-    """``export hf`` of an ELECTRA checkpoint: ``out/discriminator`` + ``out/generator``."""
-    from transformers import ElectraForMaskedLM, ElectraForPreTraining
-
-    from bio_megatron.config.pretrain import electra_shapes
-    from bio_megatron.formats.hf.folder_modes import apply_umask_modes
-    from bio_megatron.formats.hf.files import EXPORT_COMMAND, EXPORT_DTYPES
-    from bio_megatron.formats.hf.model_card import CARD_DIGEST_KEY, card_digest, model_card, refuse_edited_card
-    from bio_megatron.vocab.bpe import BPETokenizer
+def refuse_electra_export(src: Source, out: str | Path, overwrite: bool) -> None:
+    """What ``export hf`` of an ELECTRA checkpoint refuses before any weight is read: a model card the user edited
+    in either folder (``overwrite``), a byte-level BPE vocabulary (HF's ELECTRA classes tokenize with WordPiece)."""
+    from bio_megatron.formats.hf.model_card import refuse_edited_card
+    from bio_megatron.vocab.bpe import BPETokenizer, load_tokenizer
 
     if overwrite:  # a card the user edited in either folder is not replaced silently
         for name in SUBFOLDERS:
             refuse_edited_card(Path(out) / name)
-    model, m, tok = load_electra(src)
-    if isinstance(tok, BPETokenizer):
+    if isinstance(load_tokenizer(src.vocab_file, None), BPETokenizer):
         raise CheckpointError(f"{src.path}: a byte-level BPE vocabulary; Hugging Face's ELECTRA classes tokenize "
                               "with WordPiece (ElectraTokenizer), so this checkpoint has no ELECTRA export")
-    sd = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    disc_sd, gen_sd = electra_mcore_to_hf(sd, m.shape(), electra_shapes(m), tok.vocab_size)
-    disc_cfg, gen_cfg = electra_configs(m.shape(), electra_shapes(m), tok.vocab_size, m.max_position_embeddings,
+
+
+def export_electra(state: ModelState, out: str | Path, overwrite: bool, dtype: str) -> dict:
+    """``export hf`` of an ELECTRA pretraining model (``state``: :func:`bio_megatron.formats.ours.read_ours`, its
+    ``model`` carrying the objective and the generator's width): ``out/discriminator`` + ``out/generator``."""
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    from bio_megatron.config.pretrain import electra_shapes
+    from bio_megatron.formats.hf.files import EXPORT_COMMAND, EXPORT_DTYPES
+    from bio_megatron.formats.hf.folder_modes import apply_umask_modes
+    from bio_megatron.formats.hf.model_card import CARD_DIGEST_KEY, card_digest, model_card
+
+    m, vocab_size = state.model, state.vocab_size
+    if m.objective != "electra":
+        raise CheckpointError(f"{state.source}: model.objective is {m.objective!r}, not electra: no generator to "
+                              "export beside the discriminator")
+    disc_sd, gen_sd = electra_mcore_to_hf(state.tensors, m.shape(), electra_shapes(m), vocab_size)
+    disc_cfg, gen_cfg = electra_configs(m.shape(), electra_shapes(m), vocab_size, m.max_position_embeddings,
                                         m.num_tokentypes, m.layernorm_epsilon)
     models = {"discriminator": ElectraForPreTraining(disc_cfg), "generator": ElectraForMaskedLM(gen_cfg)}
-    for name, state in (("discriminator", disc_sd), ("generator", gen_sd)):
-        missing, unexpected = models[name].load_state_dict(state, strict=False)
+    for name, sd in (("discriminator", disc_sd), ("generator", gen_sd)):
+        missing, unexpected = models[name].load_state_dict(sd, strict=False)
         missing = [k for k in missing if k != "generator_lm_head.weight"]  # tied to the word embeddings
         if missing or unexpected:
             raise CheckpointError(f"conversion incomplete for the ELECTRA {name}: missing {missing[:5]}, "
@@ -246,15 +257,16 @@ def export_electra(src: Source, out: str | Path, overwrite: bool, dtype: str) ->
         tmp.mkdir()
         for name, hf in models.items():
             hf.save_pretrained(str(tmp / name), safe_serialization=True)
-            ELECTRA.save_tokenizer(tmp / name, Path(src.vocab_file), tok.lowercase)
-            card = model_card(src.path, None, hf.config.architectures[0], False, None, dtype,
+            ELECTRA.save_tokenizer(tmp / name, Path(state.vocab_file), state.lowercase)
+            card = model_card(state.source, None, hf.config.architectures[0], False, None, dtype,
                               f"{Path(out).name}-{name}")
             (tmp / name / "README.md").write_text(card, encoding="utf-8")
             (tmp / name / "bio_megatron_export.json").write_text(json.dumps(
-                {"source": str(src.path), "task": None, "class": hf.config.architectures[0], "remote_code": False,
+                {"source": state.source, "task": None, "class": hf.config.architectures[0], "remote_code": False,
                  "dtype": dtype, CARD_DIGEST_KEY: card_digest(card)}, indent=2) + "\n")
         apply_umask_modes(tmp)  # transformers writes the weights 0600: readable as the user's umask says
     classes = {name: hf.config.architectures[0] for name, hf in models.items()}
-    log.info("exported ELECTRA %s -> %s/{discriminator,generator} (%s)", src.path, out, ", ".join(classes.values()))
+    log.info("exported ELECTRA %s -> %s/{discriminator,generator} (%s)", state.source, out,
+             ", ".join(classes.values()))
     return {"out": str(out), "class": classes, "task": None, "labels": None, "remote_code": False, "dtype": dtype,
             "folders": {name: str(Path(out) / name) for name in SUBFOLDERS}}
