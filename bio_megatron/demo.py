@@ -17,6 +17,7 @@ from typing import Sequence, TypeVar
 
 import numpy as np
 
+from bio_megatron.config.recipes import RECIPES
 from bio_megatron.utils.errors import BioMegatronError, OutputError
 from bio_megatron.utils.io import atomic_open
 from bio_megatron.utils.log import get_logger
@@ -143,7 +144,7 @@ def demo(out: Path, steps: int, nproc: int) -> int:
     t0 = time.perf_counter()
     out = out.resolve()
     prefix = build_demo_corpus(out, interleave=True)
-    recipe = Path(__file__).resolve().parents[1] / "nemo_configs" / "pretrain" / "tiny.yaml"
+    recipe = RECIPES / "pretrain" / "tiny.yaml"
     overrides = [f"model.data.data_prefix=[1.0,{prefix}]", f"exp_manager.exp_dir={out}", "exp_manager.name=tiny_tp2",
                  f"model.tensor_model_parallel_size={nproc}", f"trainer.max_steps={steps}",
                  f"model.tokenizer.vocab_file={VOCAB}"]

@@ -113,6 +113,11 @@ def test_pip_install_next_to_a_preinstalled_torch_keeps_it(installed):
     new = sorted(x.name for x in site.iterdir())
     assert not [n for n in new if n.startswith(("torch", "transformers", "megatron"))], new
     assert (site / "bio_megatron").is_dir()  # the project itself went into the new environment
+    # the recipes came with it: `--config tiny` and `bio-megatron demo` find them without a checkout
+    found = _run([installed["py"], "-I", "-c", "from bio_megatron.config.recipes import find_recipe; "
+                  "print(find_recipe('pretrain', 'tiny'))"])
+    recipe = Path(found.stdout.strip())
+    assert found.returncode == 0 and recipe.is_file() and recipe.is_relative_to(site), (found.stdout, found.stderr)
     help_out = _run([cli, "--help"])
     assert help_out.returncode == 0 and help_out.stdout.startswith("usage: bio-megatron"), help_out.stderr[-2000:]
     export = _run([cli, "export", "hf", "--checkpoint", tmp / "run", "--out", tmp / "hf"])
