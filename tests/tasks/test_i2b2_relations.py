@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,15 @@ def test_score_is_micro_f1_over_the_eight_types_without_false():
                                                  zero_division=0)
     assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f))
     assert got["f1"] == pytest.approx(6 / 13) and got["accuracy"] == 3 / 8  # 3 true positives, 7 predicted, 6 gold
+    # and on randomly perturbed predictions over every label of the three files
+    gold = [e.label for f in ("train.tsv", "dev.tsv", "test.tsv") for e in read_i2b2_relations(DATA / f)] * 5
+    for seed in range(5):
+        rng = random.Random(seed)
+        pred = [g if rng.random() < 0.5 else rng.choice(I2B2_RE_LABELS) for g in gold]
+        got = chemprot_scores(gold, pred, I2B2_RE_POSITIVES)
+        p, r, f, _ = precision_recall_fscore_support(gold, pred, labels=list(I2B2_RE_POSITIVES), average="micro",
+                                                     zero_division=0)
+        assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f), abs=1e-12), seed
 
 
 @pytest.mark.parametrize("line,needle", [
