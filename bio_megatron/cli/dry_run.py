@@ -134,7 +134,7 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
 
 def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     """What ``finetune <task> --dry-run`` prints: the run's own pre-distributed set-up (restore source, tokenizer,
-    train and dev data read) after the path checks (raises one ConfigError listing every problem found)."""
+    train, dev and test data read) after the path checks (raises one ConfigError listing every problem found)."""
     from bio_megatron.loading.model import task_padded_vocab
     from bio_megatron.tasks.finetune import prepare, steps_per_epoch
     from bio_megatron.vocab.builtin import resolve_vocab
@@ -168,6 +168,9 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     steps = t.max_steps if t.max_steps > 0 else t.max_epochs * per_epoch
     source = f"model.restore_from_path {src.path} ({src.kind})" if src is not None else f"model.size {m.size}"
     dev = task.split("dev")
+    # The run reads its test split only after training (nothing about it may reach training or selection), so a bad
+    # test line would surface after the whole schedule: the dry run reads it now, to refuse it before any run.
+    test = task.split("test")
     return {"config": to_dict(cfg), "model_shape": _shape(m, source),
             "restored": {"path": str(src.path), "kind": src.kind, "task": src.task,
                          "origin": str(src.origin) if src.origin else None,
@@ -178,6 +181,7 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
             "memory": _memory(m, t, padded, world_size),
             "data": {"data_dir": str(m.dataset.data_dir), "train_examples": n_train,
                      "dev_examples": len(dev.features) if dev is not None else None,
+                     "test_examples": len(test.features) if test is not None else None,
                      **{f"{k}_file": str(Path(m.dataset.data_dir) / getattr(m.dataset, f"{k}_file"))
                         for k in ("train", "dev", "test") if getattr(m.dataset, f"{k}_file", None)}},
             "schedule": {"max_steps": steps, "steps_per_epoch": per_epoch,

@@ -218,6 +218,26 @@ def test_a_type_not_in_the_training_labels_is_refused(tmp_path, fmt, file, old, 
     assert "\n" not in msg and not (tmp_path / "runs").exists()  # one line; nothing written
 
 
+@pytest.mark.parametrize("fmt,file,old,new,needle", [
+    ("i2b2_2014", "testing-PHI-Gold-fixed/110-01.xml", 'TYPE="PHONE"', 'TYPE="FAX"', "not in the label set"),
+    ("i2b2_2010", "reference_standard_for_test_data/concepts/0001.con", 'c="metformin" 2:1 2:1', 'c="metformin" 2:1',
+     "does not parse as a concept line"),
+    ("i2b2_2012", "2012-08-08.test-data.event-timex-groundtruth/xml/101.xml", 'start="26" end="34"',
+     'start="26" end="340"', "offsets 26-340 are outside the text"),
+])
+def test_dry_run_refuses_a_bad_test_release(tmp_path, capsys, fmt, file, old, new, needle):
+    """A run reads its test split only after training (nothing about it may reach training or selection), so a bad
+    test release surfaces only after the schedule has run; ``--dry-run`` reads it first: one line, exit 2."""
+    data = _copy(FIX / fmt, tmp_path)
+    lineno = _edit(data / file, old, new)
+    rc, msg = run_cli(["finetune", "ner", "--config", str(NER_RECIPE), "--dry-run", f"model.dataset.format={fmt}",
+                       f"model.dataset.data_dir={data}", "model.dataset.train_file=train", "model.dataset.dev_file=dev",
+                       f"model.dataset.test_file={TEST[fmt]}", f"exp_manager.exp_dir={tmp_path / 'runs'}"],
+                      logging.ERROR, " | ")
+    assert rc == 2 and f"{data / file}:{lineno}: " in msg and needle in msg and "\n" not in msg, msg
+    assert capsys.readouterr().out == "" and not (tmp_path / "runs").exists()
+
+
 # --- end to end and recipes -----------------------------------------------------------------------------------
 def _finetune(over: list[str]) -> dict:
     from bio_megatron.config.finetune import load_finetune_config
