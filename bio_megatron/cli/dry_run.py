@@ -15,7 +15,7 @@ from pathlib import Path
 from bio_megatron.config.loader import to_dict
 from bio_megatron.config.preflight import (finetune_path_problems, pretrain_path_problems, raise_problems,
                                            vocab_problem)
-from bio_megatron.config.sizes import SIZES, padded_vocab_size, parameter_count
+from bio_megatron.config.sizes import SIZES, padded_vocab_size
 from bio_megatron.utils.errors import BioMegatronError, ConfigError
 
 SKIP_HELP = ("with --dry-run: validate the config only, without looking at its paths (e.g. on a login node where "
@@ -135,6 +135,7 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
 def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     """What ``finetune <task> --dry-run`` prints: the run's own pre-distributed set-up (restore source, tokenizer,
     train, dev and test data read) after the path checks (raises one ConfigError listing every problem found)."""
+    from bio_megatron.families import family_of_model
     from bio_megatron.loading.model import task_padded_vocab
     from bio_megatron.tasks.finetune import prepare, steps_per_epoch
     from bio_megatron.vocab.builtin import resolve_vocab
@@ -160,9 +161,7 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     src, tokenizer, task, same_task = prepare(cfg, None)  # the layout is checked against the planned world, not 1
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)
     head = sum(p.numel() for p in task.build_head(m).parameters())
-    s, h = m.shape(), m.shape().hidden_size
-    lm_head = h * h + 3 * h + padded  # parameter_count includes the pretraining LM head; a task model has none
-    encoder = parameter_count(s, padded, m.max_position_embeddings, m.num_tokentypes) - lm_head
+    encoder = family_of_model(m).encoder_parameter_count(m, padded)  # each family counts its own encoder exactly
     n_train = len(task.train.features)
     per_epoch = steps_per_epoch(n_train, m.global_batch_size)
     steps = t.max_steps if t.max_steps > 0 else t.max_epochs * per_epoch

@@ -93,6 +93,12 @@ class AlbertFamily:
 
         return albert_parameter_count(m, padded_vocab)
 
+    def encoder_parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """:meth:`parameter_count` without the MLM head and the sentence-order head (``models.albert``)."""
+        from bio_megatron.models.albert import albert_encoder_parameter_count
+
+        return albert_encoder_parameter_count(m, padded_vocab)
+
     def hf_class(self, task: HFTask, *, binary_head: bool = False) -> str:
         if task is None:
             return "AlbertForPreTraining" if binary_head else "AlbertForMaskedLM"

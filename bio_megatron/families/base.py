@@ -105,6 +105,10 @@ class Family(Protocol):
         """The exact number of parameters of :meth:`build_pretraining_model` for ``m`` with ``padded_vocab``
         embedding rows (tied weights once): ``pretrain --dry-run``, the memory check and the benchmark report."""
 
+    def encoder_parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """The exact number of parameters of :meth:`task_encoder` (the encoder a fine-tuning model puts its head on:
+        no pretraining head): ``finetune --dry-run``."""
+
 
 class FamilyDefaults:
     """Defaults of the members added to :class:`Family` after its first families: a family class may inherit them,
@@ -123,6 +127,15 @@ class FamilyDefaults:
 
         return parameter_count(m.shape(), padded_vocab, m.max_position_embeddings, m.num_tokentypes,
                                m.bert_binary_head)
+
+    def encoder_parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """megatron-core's BertModel without its MLM head (dense + LayerNorm + output bias) or binary head: the
+        encoder of every BERT-shaped family (ELECTRA's discriminator included)."""
+        from bio_megatron.config.sizes import parameter_count
+
+        h = m.shape().hidden_size
+        mlm_head = h * h + h + 2 * h + padded_vocab
+        return parameter_count(m.shape(), padded_vocab, m.max_position_embeddings, m.num_tokentypes) - mlm_head
 
 
 def save_tokenizer_files(out: Path, vocab_file: Path, lowercase: bool | None) -> None:

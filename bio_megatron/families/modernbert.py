@@ -222,12 +222,17 @@ class ModernBertFamily:
         """The exact parameters of :class:`~bio_megatron.models.modernbert.ModernBertModel` (``pretrain --dry-run``,
         the memory check, the benchmark report): no biases but the decoder's, no position table, GeGLU's fc1 twice
         as wide, layer 0's unapplied attention norm kept, the decoder weight tied to the word table (once)."""
+        h = m.shape().hidden_size
+        head = h * h + h + padded_vocab  # dense + norm, the decoder's bias
+        return self.encoder_parameter_count(m, padded_vocab) + head
+
+    def encoder_parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
+        """The word table and its norm, the layers and the final norm (a fine-tuning model's encoder)."""
         s = m.shape()
         h, f = s.hidden_size, s.ffn_hidden_size
         per_layer = 4 * h * h + 3 * h * f + 2 * h  # qkv + proj, fc1 [2F, H] + fc2 [H, F], two LayerNorm gains
         embedding = padded_vocab * h + h  # word table + its norm
-        head = h * h + h + padded_vocab  # dense + norm, the decoder's bias
-        return embedding + s.num_layers * per_layer + h + head  # + the final norm
+        return embedding + s.num_layers * per_layer + h  # + the final norm
 
     def task_encoder(self, m: ModelConfig, padded_vocab: int, config: TransformerConfig, pre_process: bool,
                      post_process: bool) -> tuple[nn.Module | None, nn.Module]:

@@ -195,12 +195,19 @@ def build_albert_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = tor
 def albert_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
     """Exact parameter count of :class:`AlbertModel` (the shared layer once, the output weight tied)."""
     s, e = m.shape(), embedding_width(m)
+    h = s.hidden_size
+    head = (h * e + e) + 2 * e + padded_vocab
+    binary = (h * h + h + 2 * h + 2) if m.bert_binary_head else 0
+    return albert_encoder_parameter_count(m, padded_vocab) + head + binary
+
+
+def albert_encoder_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
+    """The factorised embedding, its E -> H projection and the one shared layer (a fine-tuning model's encoder)."""
+    s, e = m.shape(), embedding_width(m)
     h, f = s.hidden_size, s.ffn_hidden_size
     embedding = (padded_vocab + m.max_position_embeddings + m.num_tokentypes) * e + 2 * e
     layer = (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
-    head = (h * e + e) + 2 * e + padded_vocab
-    binary = (h * h + h + 2 * h + 2) if m.bert_binary_head else 0
-    return embedding + (e * h + h) + layer + head + binary
+    return embedding + (e * h + h) + layer
 
 
 def albert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,
