@@ -30,7 +30,7 @@ from bio_megatron.models.attention import packed_attention_mask, packed_position
 from bio_megatron.models.bert import transformer_config
 from bio_megatron.models.heads import pytorch_default_init
 from bio_megatron.models.hf_convert import TE_ALIASES
-from bio_megatron.models.init import init_weights
+from bio_megatron.models.init import init_weights, on_device
 from bio_megatron.training.checkpoint import from_main_params, load_sharded
 from bio_megatron.utils.errors import CheckpointError
 
@@ -104,11 +104,7 @@ def build_task_model(m: ModelConfig, padded_vocab: int, head: nn.Module, dtype: 
     init_weights(model, seed, m.init_method_std, m.shape().num_layers)
     if post and not getattr(head, "use_transformer_init", True):
         pytorch_default_init(model.head, "head.", seed)
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
+    return on_device(model, dtype)
 
 
 def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:

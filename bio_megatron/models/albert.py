@@ -51,7 +51,8 @@ from torch import nn
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.models.bert import layer_spec, transformer_config
 from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
-from bio_megatron.models.tied_mlm import TiedMLMModel, on_device
+from bio_megatron.models.init import on_device
+from bio_megatron.models.tied_mlm import TiedMLMModel
 from bio_megatron.utils.errors import ConfigError
 
 __all__ = ["AlbertBlock", "AlbertModel", "albert_embedding", "albert_parameter_count", "albert_task_encoder",

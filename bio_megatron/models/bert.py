@@ -21,6 +21,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
+from bio_megatron.models.init import on_device
 from bio_megatron.models.attention import (SDPACoreAttention, is_packed, packed_attention_mask,
                                           packed_position_ids)
 from bio_megatron.models.post_ln import (add_embedding_layernorm, drop_final_layernorm, is_post_ln,
@@ -240,8 +241,4 @@ def build_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.floa
         pre_process=ps.is_pipeline_first_stage() if pre_process is None else pre_process,
         post_process=ps.is_pipeline_last_stage() if post_process is None else post_process,
     )
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
+    return on_device(model, dtype)

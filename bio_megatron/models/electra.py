@@ -42,6 +42,7 @@ from torch import nn
 from bio_megatron.config.pretrain import ModelConfig, electra_parameter_count, electra_shapes
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.bert import layer_spec, mask_padded_vocab, transformer_config
+from bio_megatron.models.init import on_device
 from bio_megatron.models.post_ln import add_embedding_layernorm, is_post_ln
 from bio_megatron.utils.errors import ConfigError
 
@@ -238,9 +239,4 @@ def gumbel_max_sample(logits: torch.Tensor, seeds: list[int], counts: list[int],
 
 def build_electra_model(m: ModelConfig, vocab_size: int, dtype: torch.dtype = torch.float32) -> ElectraModel:
     """This rank's ELECTRA model (weights NOT initialised: call ``init_weights``, as for ``build_model``)."""
-    model = ElectraModel(m, vocab_size, dtype)
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
+    return on_device(ElectraModel(m, vocab_size, dtype), dtype)

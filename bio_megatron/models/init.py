@@ -45,3 +45,12 @@ def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int)
     for _, sh in _sharded_tensors(model):
         full = init_value(sh.key, tuple(sh.global_shape), seed, std, num_layers)
         sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+
+
+def on_device(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model`` on this rank's GPU when there is one, in ``dtype`` (weights NOT initialised: ``init_weights``)."""
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    if dtype != torch.float32:
+        model.to(dtype)
+    return model

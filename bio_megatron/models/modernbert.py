@@ -61,7 +61,7 @@ from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.models.attention import is_packed, packed_attention_mask, packed_position_ids
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.bert import mask_padded_vocab, transformer_config
-from bio_megatron.models.tied_mlm import on_device
+from bio_megatron.models.init import on_device
 
 __all__ = ["BiasFreeLayerNorm", "ModernBertModel", "ModernBertTaskHead", "RopeSelfAttention",
            "WindowedDotProductAttention", "build_modernbert_model", "is_global_layer", "modernbert_task_encoder",

@@ -64,12 +64,3 @@ class TiedMLMModel(MegatronModule):
             return logits.transpose(0, 1).contiguous()
         loss = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), lm_labels.transpose(0, 1).contiguous())
         return loss.transpose(0, 1).contiguous()
-
-
-def on_device(model: MegatronModule, dtype: torch.dtype) -> MegatronModule:
-    """``model`` on this rank's GPU when there is one, in ``dtype`` (weights NOT initialised: ``init_weights``)."""
-    if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
-    if dtype != torch.float32:
-        model.to(dtype)
-    return model
