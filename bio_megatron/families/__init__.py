@@ -36,7 +36,8 @@ FAMILIES: dict[str, Family] = {
 def _complete(family: object) -> None:
     """Give ``family`` the :class:`~bio_megatron.families.base.FamilyDefaults` of the members it does not define
     (members added to the protocol after the family was written), so every registered family implements it."""
-    for member in ("shape_keys", "save_tokenizer", "parameter_count", "encoder_parameter_count"):
+    for member in ("shape_keys", "save_tokenizer", "parameter_count", "encoder_parameter_count",
+                   "task_head_from_pretraining"):
         if not hasattr(family, member):
             default = getattr(FamilyDefaults, member)
             setattr(family, member, default.__get__(family) if callable(default) else default)

@@ -109,12 +109,20 @@ class Family(Protocol):
         """The exact number of parameters of :meth:`task_encoder` (the encoder a fine-tuning model puts its head on:
         no pretraining head): ``finetune --dry-run``."""
 
+    task_head_from_pretraining: tuple[tuple[str, str], ...]
+    """(task model tensor, pretraining model tensor) pairs, full (TP1) names: what a fine-tuning model's head starts
+    from when ``finetune`` restores a pretraining model (our checkpoint at any layout, or an HF pretraining folder)
+    rather than a checkpoint of its own task, as transformers' ``<Family>For<Task>.from_pretrained`` of a masked-LM
+    folder takes the tensors both classes name alike (``loading.model.load_into``). Empty: the whole head starts
+    fresh, as every family's HF task classes but ModernBERT's do."""
+
 
 class FamilyDefaults:
     """Defaults of the members added to :class:`Family` after its first families: a family class may inherit them,
     and the registry (:mod:`bio_megatron.families`) gives them to a registered family that defines none."""
 
     shape_keys: tuple[str, ...] = UNDECLARED_SHAPE_KEYS
+    task_head_from_pretraining: tuple[tuple[str, str], ...] = ()  # nothing: the task head starts fresh
 
     def save_tokenizer(self, out: Path, vocab_file: Path, lowercase: bool | None) -> None:
         """The files of whichever tokenizer ``vocab_file`` is (:func:`save_tokenizer_files`)."""

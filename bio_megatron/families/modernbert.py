@@ -29,6 +29,10 @@ ModernBERT exports to the plain class and every such folder imports::
 
     head.dense / head.norm / head.classifier        -> head.dense / head.norm / classifier
 
+``finetune`` from a pretraining model (our checkpoint, an HF ``ModernBertForMaskedLM``) starts the task head's dense
+and norm from the MLM head's and only the classifier fresh, as transformers' ``from_pretrained`` of such a folder
+(:attr:`ModernBertFamily.task_head_from_pretraining`).
+
 HF's ``classifier_dropout`` is the head's dropout: the task block's ``fc_dropout`` at import
 (:meth:`ModernBertFamily.hf_head_settings`) and back at export (:meth:`ModernBertFamily.hf_config`).
 Sequence classification pools the [CLS] position (``classifier_pooling: cls``) or averages the real tokens
@@ -243,6 +247,13 @@ class ModernBertFamily:
     owns_task_heads = True
     """Every fine-tuned ModernBERT has its HF classes' head (``models.heads.build_head``): the plain class always
     computes it, whatever ``model.head`` / ``model.classifier_head`` say (only ``fc_dropout`` and ``pooling`` apply)."""
+
+    task_head_from_pretraining = (("head.dense.weight", "lm_head.dense.weight"),
+                                  ("head.norm.weight", "lm_head.norm.weight"))
+    """transformers' task classes and ``ModernBertForMaskedLM`` both hold a ``ModernBertPredictionHead`` under
+    ``head.``, so ``ModernBertFor<Task>.from_pretrained(<an MLM folder>)`` starts with the MLM head's dense and norm
+    and only ``classifier`` fresh; a ModernBERT ``finetune`` from a pretraining model does the same (our
+    ``lm_head.*`` is HF's ``head.*``: ``_HEAD``)."""
 
     def hf_head_settings(self, task: str, cfg: dict, head: dict) -> dict:
         """An HF task folder's head (``Source.head``) with its ``classifier_dropout`` (HF's default 0.0), the

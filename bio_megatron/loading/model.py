@@ -13,6 +13,8 @@ dist-checkpointing (any saved layout), Hugging Face folders through :func:`load_
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -31,8 +33,12 @@ from bio_megatron.models.bert import transformer_config
 from bio_megatron.models.heads import pytorch_default_init
 from bio_megatron.models.hf_convert import TE_ALIASES
 from bio_megatron.models.init import init_weights, on_device
-from bio_megatron.training.checkpoint import from_main_params, load_sharded
+from bio_megatron.training import integrity
+from bio_megatron.training.checkpoint import from_main_params, load_sharded, verify
 from bio_megatron.utils.errors import CheckpointError
+from bio_megatron.utils.log import get_logger
+
+log = get_logger(__name__)
 
 
 class TaskModel(MegatronModule):
@@ -108,13 +114,29 @@ def build_task_model(m: ModelConfig, padded_vocab: int, head: nn.Module, dtype: 
 
 
 def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
-    """Fill ``model`` from ``src``; ``encoder_only`` keeps the (fresh) head, e.g. from a pretraining checkpoint."""
+    """Fill ``model`` from ``src``. ``encoder_only`` (a pretraining model, or another task's checkpoint): the head
+    keeps its initialisation, except the tensors its family takes from a pretraining head that ``src`` holds
+    (``Family.task_head_from_pretraining``: ModernBERT's dense and norm, as transformers' ``from_pretrained``)."""
+    inherit = dict(model.family.task_head_from_pretraining) if encoder_only else {}
     if src.kind == "hf":
         full = read_hf_state(src.path, model.shape, model.padded_vocab)
         load_full_state(model, full, skip_prefix="head." if encoder_only else None)
+        taken = []
+        for _, sh in _glu_halves(model.sharded_state_dict()):  # the last stage's head, at any TP layout
+            if isinstance(sh, ShardedTensor) and inherit.get(sh.key) in full:
+                with torch.no_grad():
+                    sh.data.copy_(full[inherit[sh.key]][sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+                taken.append(inherit[sh.key])
+        _log_taken(src, taken)
         return
     sharded = model.sharded_state_dict()
     wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
+    heads = {k: v for k, v in sharded.items() if isinstance(v, ShardedTensor) and v.key in inherit}
+    if heads:  # this stage holds the head: its inherited tensors are read under the pretraining head's keys
+        saved = _saved_keys(src.path)
+        wanted.update({k: dataclasses.replace(v, key=inherit[v.key]) for k, v in heads.items()
+                       if inherit[v.key] in saved})
+        _log_taken(src, [inherit[v.key] for v in heads.values() if inherit[v.key] in saved])
     from_main_params(wanted, src.path)  # an fp32 model from a bf16/fp16 run takes its fp32 main parameters
     state = load_sharded(src.path, {"model": wanted})["model"]  # verified, pickle allow-lists, one-line errors
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -122,6 +144,21 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
     if missing or unexpected:
         raise CheckpointError(f"{src.path}: weights do not match the model (missing {missing[:5]}, "
                               f"unexpected {list(unexpected)[:5]})")
+
+
+def _saved_keys(path) -> set[str]:
+    """The tensor keys a dist-checkpointing checkpoint holds (its verified, allow-listed ``.metadata``): a
+    pretraining checkpoint has its MLM head, a bare encoder's or another task's has not."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    verify(path)
+    with integrity.restricted_loading():
+        return set(FileSystemReader(str(path)).read_metadata().state_dict_metadata)
+
+
+def _log_taken(src: Source, names: list[str]) -> None:
+    if names:
+        log.info("task head: %s from the pretraining head of %s, the rest fresh", ", ".join(names), src.path)
 
 
 def _glu_halves(sharded: dict):

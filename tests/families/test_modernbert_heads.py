@@ -4,7 +4,8 @@ import with ``bio-megatron import hf --verify`` (transformers' own class against
 batch) and export back to the same class with the same logits (< 1e-4), a ``classifier_pooling: mean`` folder
 too; ``finetune ner`` and ``finetune classify`` from an imported
 ``ModernBertForMaskedLM`` run, ``predict`` reads the fine-tuned checkpoints and ``export hf`` gives transformers'
-classes with our logits."""
+classes with our logits; a fine-tuning model from an MLM model starts its head's dense and norm from the MLM head's,
+as transformers' ``from_pretrained`` does."""
 
 from __future__ import annotations
 
@@ -229,3 +230,100 @@ def test_finetune_from_imported_modernbert_predicts_and_exports(modernbert_mlm, 
         assert res["predict_rc"] == 0 and (tmp_path / "pred.jsonl").read_text().strip(), res
     assert res["family"] == "modernbert" and res["class"] == res["loaded"] == EXPORTED[task], res
     assert res["scale"] > 0.01 and res["diff"] < 1e-4, res
+
+
+def _megatron_bert_mlm(folder: str) -> None:
+    """A random tiny HF ``MegatronBertForMaskedLM`` (its MLM head ``cls.predictions.transform.*`` perturbed)."""
+    import torch
+    from transformers import MegatronBertConfig, MegatronBertForMaskedLM
+
+    torch.manual_seed(2)
+    hf = MegatronBertForMaskedLM(MegatronBertConfig(
+        vocab_size=vocab_lines(), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=128, architectures=["MegatronBertForMaskedLM"]))
+    perturb_norms_and_biases(hf)
+    _save(hf, folder)
+
+
+def _heads_at_step_zero(sources: dict[str, str], exp_dir: str, *extra: str) -> dict | None:
+    """``finetune ner`` (tiny_ner, ``extra`` overrides: a layout) from each source, filled by the run's own loader
+    (``tasks.finetune.setup``: the source read, the task model built and loaded): the task head's tensors and the
+    same model's as initialised (built again from the same seed, nothing loaded); None on a stage without the head."""
+    from megatron.core import parallel_state as ps
+
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.tasks.finetune import setup
+
+    os.chdir(ROOT)
+    out: dict = {}
+    for name, path in sources.items():
+        if name == "megatron_bert":
+            _megatron_bert_mlm(path)
+        over = [f"model.restore_from_path={path}", f"exp_manager.exp_dir={exp_dir}", f"exp_manager.name={name}",
+                "model.dataset.max_seq_length=64", "model.dataset.test_file=null", "model.dataset.max_eval_examples=8",
+                "model.dataset.max_train_examples=8", *extra]
+        cfg = load_finetune_config("ner", ROOT / "nemo_configs" / RECIPES["ner"], over, int(os.environ["WORLD_SIZE"]))
+        _, _, task, model, _, dtype, padded = setup(cfg)
+        if not ps.is_pipeline_last_stage():
+            return None
+        fresh = build_task_model(cfg.model, padded, task.build_head(cfg.model), dtype, cfg.trainer.seed)
+        out[name] = {"family": model.family.name,
+                     "loaded": {f"head.{k}": v.detach().clone().numpy() for k, v in model.head.state_dict().items()},
+                     "fresh": {f"head.{k}": v.detach().clone().numpy() for k, v in fresh.head.state_dict().items()}}
+    return out
+
+
+def _each_of(*calls: tuple) -> list:
+    """``fn(*args)`` for each ``(fn, *args)`` in one forked process."""
+    return [fn(*args) for fn, *args in calls]
+
+
+def _transformers_head(folder: str) -> dict:
+    """transformers' ``ModernBertForTokenClassification.from_pretrained`` of a ``ModernBertForMaskedLM`` folder: its
+    head and classifier, the tensors it reported as newly initialised, and the folder's own tensors."""
+    from safetensors.torch import load_file
+    from transformers import ModernBertForTokenClassification
+
+    hf, info = ModernBertForTokenClassification.from_pretrained(folder, num_labels=3, output_loading_info=True)
+    return {"missing": sorted(info["missing_keys"]),
+            "head": {k: v.detach().clone().numpy() for k, v in hf.state_dict().items()
+                     if k.startswith(("head.", "classifier."))},
+            "mlm": {k: v.numpy() for f in sorted(Path(folder).glob("*.safetensors")) for k, v in load_file(f).items()}}
+
+
+def _assert_started_as_transformers(run: dict, theirs: dict, name: str) -> None:
+    """ModernBERT's task head as ``from_pretrained`` starts it: dense and norm transformers' (not as initialised),
+    the classifier as initialised and equal to no tensor of the MLM folder."""
+    import numpy as np
+
+    assert theirs["missing"] == ["classifier.bias", "classifier.weight"], theirs["missing"]
+    assert run["family"] == "modernbert" and sorted(run["loaded"]) == sorted(run["fresh"]), run["loaded"].keys()
+    for key in ("head.dense.weight", "head.norm.weight"):
+        np.testing.assert_array_equal(run["loaded"][key], theirs["head"][key], err_msg=f"{name} {key}")
+        assert not np.array_equal(run["loaded"][key], run["fresh"][key]), (name, key)
+    for key in ("head.classifier.weight", "head.classifier.bias"):
+        np.testing.assert_array_equal(run["loaded"][key], run["fresh"][key], err_msg=f"{name} {key}")
+        assert not any(v.shape == run["loaded"][key].shape and np.array_equal(v, run["loaded"][key])
+                       for v in theirs["mlm"].values()), (name, key)
+
+
+def test_finetune_from_a_modernbert_mlm_starts_its_head_as_transformers(modernbert_mlm, tmp_path):
+    """transformers' ``ModernBertForTokenClassification.from_pretrained(<ModernBertForMaskedLM folder>)`` takes the MLM
+    head's ``head.dense`` / ``head.norm`` (same names in both classes) and initialises only ``classifier``;
+    ``finetune ner`` at step 0 starts the same way, from the HF folder and from our checkpoint of it: dense and norm
+    equal transformers', the classifier as initialised (equal to no MLM tensor). A Megatron BERT MLM source leaves
+    the whole task head as initialised (transformers' BERT task classes take nothing from the MLM head either)."""
+    import numpy as np
+
+    root, _ = modernbert_mlm
+    sources = {"hf": str(root / "hf"), "ckpt": str(root / "ckpt"), "megatron_bert": str(tmp_path / "megatron_bert")}
+    ((res, theirs),) = run_world(1, _each_of, (_heads_at_step_zero, sources, str(tmp_path / "runs")),
+                                 (_transformers_head, sources["hf"]))
+    for name in ("hf", "ckpt"):
+        _assert_started_as_transformers(res[name], theirs, name)
+    bert = res["megatron_bert"]
+    assert bert["family"] == "megatron_bert" and bert["loaded"], bert
+    assert sorted(bert["loaded"]) == sorted(bert["fresh"])
+    for key, value in bert["loaded"].items():
+        np.testing.assert_array_equal(value, bert["fresh"][key], err_msg=key)
