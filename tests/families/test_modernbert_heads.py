@@ -327,3 +327,39 @@ def test_finetune_from_a_modernbert_mlm_starts_its_head_as_transformers(modernbe
     assert sorted(bert["loaded"]) == sorted(bert["fresh"])
     for key, value in bert["loaded"].items():
         np.testing.assert_array_equal(value, bert["fresh"][key], err_msg=key)
+
+
+def _export_then_transformers(ckpt: str, out: str) -> dict:
+    """``export hf`` of our pretraining checkpoint (a ``ModernBertForMaskedLM`` folder), then :func:`_transformers_head`
+    of it: what transformers starts a task model from our pretraining head with."""
+    from bio_megatron.formats.hf.convert import export_hf
+
+    info = export_hf(ckpt, out)
+    return {"class": info["class"], **_transformers_head(out)}
+
+
+# a pretraining run + 4 + 1 forked ranks (5 s measured on two cores): a new end-to-end case, so extended; the
+# imported (TP1-saved) checkpoint case runs in the default suite above, TP2xPP2 = TP1 fine-tuning in test_modernbert_parallel
+@pytest.mark.extended
+def test_finetune_from_our_tp2_pp2_pretraining_checkpoint_starts_its_head_as_transformers(pubmed_prefix, tmp_path):
+    """Our ``tiny_modernbert`` pretrained one step at TP2 x PP2 (its MLM head saved on the last stage):
+    ``finetune ner`` at step 0 from it, at TP1 and at TP2 x PP2 (the head on the last stage), has the head dense and
+    norm that transformers' ``ModernBertForTokenClassification.from_pretrained`` takes from its ``export hf``, and
+    the classifier as initialised."""
+    from engine.pretrain_runs import overrides
+    from layouts import pretrain_rank
+
+    recipe = ROOT / "nemo_configs" / "pretrain" / "tiny_modernbert.yaml"
+    runs = run_world(4, pretrain_rank, recipe, overrides(pubmed_prefix, tmp_path, "tp2pp2", tp=2, pp=2, steps=1,
+                                                         save_last=True))
+    assert all(r["status"] == "finished" for r in runs), runs
+    ckpt = str(tmp_path / "tp2pp2" / "checkpoints")
+    (theirs,) = run_world(1, _export_then_transformers, ckpt, str(tmp_path / "hf"))
+    assert theirs["class"] == "ModernBertForMaskedLM", theirs["class"]
+    (tp1,) = run_world(1, _heads_at_step_zero, {"tp1": ckpt}, str(tmp_path / "ft"))
+    last_stage = [r for r in run_world(4, _heads_at_step_zero, {"tp2pp2": ckpt}, str(tmp_path / "ft"),
+                                       "model.tensor_model_parallel_size=2", "model.pipeline_model_parallel_size=2")
+                  if r is not None]
+    assert len(last_stage) == 2, last_stage  # the last stage's two TP ranks
+    for name, run in [("tp1", tp1["tp1"]), *(("tp2pp2", r["tp2pp2"]) for r in last_stage)]:
+        _assert_started_as_transformers(run, theirs, name)
