@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r = ev.add_parser("re", help="ChemProt micro P/R/F1 over CPR:3,4,5,6,9 (fractions, as scikit-learn)")
     r.add_argument("--gold", required=True, help="one label per line, or NeMo 'sentence<TAB>label' tsv")
     r.add_argument("--pred", required=True, help="one label per line (gold label names, or integer ids with "
-                                                  "--label-ids), same order as --gold")
+                                                  "--label-ids) or `predict re`'s JSON lines, same order as --gold")
     r.add_argument("--label-ids", "--label-map", dest="label_ids", metavar="FILE",
                    help="the model's label_ids.csv mapping integer ids to names: needed for integer ids in --pred "
                         "(a gold NeMo tsv's ids default to false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9)")

@@ -1,5 +1,5 @@
 """``bio-megatron predict ner`` / ``predict qa`` with a fine-tuned checkpoint (any saved layout) or HF folder;
-``predict classify`` with a fine-tuned BLURB classification checkpoint."""
+``predict classify`` with a fine-tuned BLURB classification checkpoint; ``predict re`` with a ``finetune re`` one."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ log = get_logger()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers, BLURB classes)")
+    p = sub.add_parser("predict", help="run a fine-tuned model on new text (NER entities, QA answers, BLURB classes, "
+                                           "relations)")
     tasks = p.add_subparsers(dest="task", metavar="TASK", required=True)
     ner = tasks.add_parser("ner", help="entities with character offsets and a score (mean probability of the "
                                        "entity's word tags), one JSON line per document")
@@ -44,6 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                      "BIOSSES tsv, PubMedQA/BioASQ JSON) or JSON lines {id, text[, text_b]}")
     cls.add_argument("--out", help="output JSON lines (written atomically); default stdout")
     cls.set_defaults(func=run_classify)
+    rel = tasks.add_parser("re", help="relation extraction (finetune re: ChemProt, i2b2 2010), JSON lines with the "
+                                      "label and its probability that `bio-megatron evaluate re --pred` reads")
+    rel.add_argument("--checkpoint", required=True, help="fine-tuned RE checkpoint (run dir, checkpoints/ ...) or "
+                     "HF sequence-classification folder exported from one")
+    rel.add_argument("--input", required=True, help="the dataset's own file (the checkpoint's model.dataset.format: "
+                     "SciBERT JSON lines, the original ChemProt folder, NeMo tsv, BLUE's i2b2 2010 TSV) or JSON "
+                     "lines {id, text} with the entity markers training used")
+    rel.add_argument("--out", help="output JSON lines (written atomically); default stdout")
+    rel.set_defaults(func=run_re)
 
 
 def _positive(text: str) -> int:
@@ -147,6 +157,26 @@ def run_classify(args: argparse.Namespace) -> int:
     try:
         single_process()
         lines = [json.dumps(p) for p in predict(load_classifier(args.checkpoint), examples)]
+    finally:
+        teardown()
+    _write_lines(args.out, lines)
+    return 0
+
+
+def run_re(args: argparse.Namespace) -> int:
+    _lean_start()
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.predict.re import dataset_config_of, load_relation_model, predict, read_examples
+    from bio_megatron.utils.io import check_output_file, check_output_path
+
+    if args.out:
+        check_output_file(args.out)
+        check_output_path(args.out, [args.input, args.checkpoint], "the predictions (--out)")
+    examples = read_examples(args.input, dataset_config_of(args.checkpoint))  # the whole input, before the model loads
+    try:
+        single_process()
+        lines = [json.dumps(p) for p in predict(load_relation_model(args.checkpoint), examples)]
     finally:
         teardown()
     _write_lines(args.out, lines)

@@ -14,6 +14,7 @@ Values are fractions in [0, 1], as scikit-learn returns them (multiply by 100 fo
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -77,11 +78,12 @@ def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = 
 
     Integer labels are mapped through ``id_to_label`` (default: ``CHEMPROT_LABELS`` order, ``false`` = 0),
     and refused when ``ids`` is false (predictions without the model's label map: its order is its own).
-    Every line must have the field count of the first (1 or 2), and every label must be one of ``names``
-    (default: a name of the map or a ChemProt group ``CPR:<n>``): a sentence column read as a label would
+    A line holding a JSON object is read as its ``"label"`` (``bio-megatron predict re``'s output, one object per
+    example in order). Every line must have the field count of the first (1 or 2), and every label must be one of
+    ``names`` (default: a name of the map or a ChemProt group ``CPR:<n>``): a sentence column read as a label would
     silently count as a negative. Blank lines are skipped; no label at all is an error.
     """
-    expected = "one label per line or 'sentence<TAB>label'"
+    expected = "one label per line, 'sentence<TAB>label' or JSON lines {\"label\": ...}"
     mapping = dict(id_to_label) if id_to_label is not None else dict(enumerate(CHEMPROT_LABELS))
     known = set(mapping.values()) if names is None else set(names)
     labels: list[str] = []
@@ -89,6 +91,8 @@ def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = 
     for lineno, line in iter_lines(path, expected):
         if not line.strip():
             continue
+        if line.lstrip().startswith("{"):  # predict re's JSON line: its label, as if it were the line
+            line = _json_label(line, path, lineno, expected)
         fields = line.split("\t")
         if not n_fields:
             n_fields, first_line = len(fields), lineno
@@ -115,3 +119,14 @@ def read_label_column(path: str | Path, id_to_label: Mapping[int, str] | None = 
     if not labels:
         raise DataError(f"no labels; expected {expected}", str(path))
     return labels
+
+
+def _json_label(line: str, path: str | Path, lineno: int, expected: str) -> str:
+    """The string ``"label"`` of a JSON-object line (DataError naming file and line otherwise)."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        raise DataError(f"broken JSON; expected {expected}", str(path), lineno) from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("label"), str) or "\t" in rec["label"]:
+        raise DataError(f"a JSON object without a string \"label\"; expected {expected}", str(path), lineno)
+    return rec["label"]
