@@ -24,7 +24,7 @@ from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetu
 from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.re import label_set
 from bio_megatron.tasks.re_data import RelationExample, read_relations
-from bio_megatron.utils.errors import DataError
+from bio_megatron.utils.errors import CheckpointError, DataError
 
 _BLUE_CHEMPROT = (re.compile(r"@CHEMICAL\$.*@GENE\$|@GENE\$.*@CHEMICAL\$|@CHEM-GENE\$"),
                   "BLUE's @CHEMICAL$ and @GENE$ (or @CHEM-GENE$)")
@@ -160,8 +160,8 @@ def predict(loaded: Loaded, examples: list[RelationInput], batch_size: int = 32)
         dev = loaded.device
         logits = loaded.model(ids.to(dev), mask.to(dev), torch.zeros_like(ids).to(dev)).float().cpu()
         if logits.shape[-1] != len(labels):
-            raise DataError(f"the model has {logits.shape[-1]} outputs but {len(labels)} labels {labels}",
-                            str(loaded.source.path))
+            raise CheckpointError(f"{loaded.source.path}: the model has {logits.shape[-1]} outputs but "
+                                  f"{len(labels)} labels {labels}")
         for e, row in zip(examples[b:b + batch_size], logits):
             p = row.softmax(-1).tolist()
             best = int(row.argmax())  # the argmax fine-tuning decodes (ReTask.decode)

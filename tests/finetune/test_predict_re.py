@@ -2,7 +2,8 @@
 file gives the run's test predictions (``evaluate re`` on its output reproduces the run's test scores, per class
 and accuracy included), JSON lines ``{"id", "text"}`` give the same, a line without the entity markers is refused
 (one line naming file:line, exit 2, nothing written); the dataset readers and marker rules of each RE format; the
-HF folder exported from the run gives the same predictions (extended)."""
+HF folder exported from the run gives the same predictions, and an i2b2-2010 model predicts BLUE's file with BLUE's
+indexes as its run scored it (both extended: one more run each)."""
 
 from __future__ import annotations
 
@@ -143,3 +144,20 @@ def test_the_exported_hf_folder_predicts_the_same(run):
     assert [p["label"] for p in theirs] == [p["label"] for p in ours]
     assert all(abs(a["probabilities"][k] - b["probabilities"][k]) < 1e-5
                for a, b in zip(ours, theirs) for k in a["probabilities"])
+
+
+@pytest.mark.extended
+def test_an_i2b2_2010_model_predicts_blue_s_file_as_its_run_scored_it(tmp_path):
+    from bio_megatron.evaluation.chemprot import chemprot_scores
+    from bio_megatron.tasks.i2b2_relations import I2B2_RE_LABELS, I2B2_RE_POSITIVES, read_i2b2_relations
+
+    _cli("finetune", "re", "--config", str(TINY), "model.dataset.format=i2b2_2010", f"model.dataset.data_dir={I2B2}",
+         "model.dataset.train_file=train.tsv", "model.dataset.dev_file=dev.tsv", "model.dataset.test_file=test.tsv",
+         "trainer.max_steps=2", "trainer.val_check_interval=2", f"exp_manager.exp_dir={tmp_path}",
+         "exp_manager.name=rel")
+    (result,) = json.loads((tmp_path / "rel" / "results.json").read_text())["runs"]
+    preds = _predict({"checkpoint": result["checkpoint"]}, I2B2 / "test.tsv", tmp_path / "pred.jsonl")
+    assert [p["id"] for p in preds] == ["0001.l0.l1", "0001.l2.l3", "0001.l4.l5", "0001.l6.l7"]
+    assert all(list(p["probabilities"]) == list(I2B2_RE_LABELS) for p in preds)
+    gold = [e.label for e in read_i2b2_relations(I2B2 / "test.tsv")]
+    assert chemprot_scores(gold, [p["label"] for p in preds], I2B2_RE_POSITIVES) == result["test"]
