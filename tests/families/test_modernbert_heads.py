@@ -245,6 +245,18 @@ def _megatron_bert_mlm(folder: str) -> None:
     _save(hf, folder)
 
 
+def _bare_modernbert(folder: str) -> list[str]:
+    """A random tiny HF ``ModernBertModel`` (no MLM head); the tensors transformers' token classifier reports as
+    newly initialised when it loads the folder."""
+    import torch
+    from transformers import ModernBertForTokenClassification, ModernBertModel
+
+    torch.manual_seed(3)
+    _save(ModernBertModel(_config(architectures=["ModernBertModel"])), folder)
+    _, info = ModernBertForTokenClassification.from_pretrained(folder, num_labels=3, output_loading_info=True)
+    return sorted(info["missing_keys"])
+
+
 def _heads_at_step_zero(sources: dict[str, str], exp_dir: str, *extra: str) -> dict | None:
     """``finetune ner`` (tiny_ner, ``extra`` overrides: a layout) from each source, filled by the run's own loader
     (``tasks.finetune.setup``: the source read, the task model built and loaded): the task head's tensors and the
@@ -260,6 +272,8 @@ def _heads_at_step_zero(sources: dict[str, str], exp_dir: str, *extra: str) -> d
     for name, path in sources.items():
         if name == "megatron_bert":
             _megatron_bert_mlm(path)
+        if name == "bare":
+            out["bare_missing"] = _bare_modernbert(path)
         over = [f"model.restore_from_path={path}", f"exp_manager.exp_dir={exp_dir}", f"exp_manager.name={name}",
                 "model.dataset.max_seq_length=64", "model.dataset.test_file=null", "model.dataset.max_eval_examples=8",
                 "model.dataset.max_train_examples=8", *extra]
@@ -312,21 +326,25 @@ def test_finetune_from_a_modernbert_mlm_starts_its_head_as_transformers(modernbe
     """transformers' ``ModernBertForTokenClassification.from_pretrained(<ModernBertForMaskedLM folder>)`` takes the MLM
     head's ``head.dense`` / ``head.norm`` (same names in both classes) and initialises only ``classifier``;
     ``finetune ner`` at step 0 starts the same way, from the HF folder and from our checkpoint of it: dense and norm
-    equal transformers', the classifier as initialised (equal to no MLM tensor). A Megatron BERT MLM source leaves
-    the whole task head as initialised (transformers' BERT task classes take nothing from the MLM head either)."""
+    equal transformers', the classifier as initialised (equal to no MLM tensor). A bare ``ModernBertModel`` folder
+    (no MLM head) and a Megatron BERT MLM folder leave the whole task head as initialised (transformers' BERT task
+    classes take nothing from the MLM head either)."""
     import numpy as np
 
     root, _ = modernbert_mlm
-    sources = {"hf": str(root / "hf"), "ckpt": str(root / "ckpt"), "megatron_bert": str(tmp_path / "megatron_bert")}
+    sources = {"hf": str(root / "hf"), "ckpt": str(root / "ckpt"), "megatron_bert": str(tmp_path / "megatron_bert"),
+               "bare": str(tmp_path / "bare")}
     ((res, theirs),) = run_world(1, _each_of, (_heads_at_step_zero, sources, str(tmp_path / "runs")),
                                  (_transformers_head, sources["hf"]))
     for name in ("hf", "ckpt"):
         _assert_started_as_transformers(res[name], theirs, name)
-    bert = res["megatron_bert"]
-    assert bert["family"] == "megatron_bert" and bert["loaded"], bert
-    assert sorted(bert["loaded"]) == sorted(bert["fresh"])
-    for key, value in bert["loaded"].items():
-        np.testing.assert_array_equal(value, bert["fresh"][key], err_msg=key)
+    # no MLM head in the source: transformers initialises the whole head, and so do we
+    assert res["bare_missing"] == ["classifier.bias", "classifier.weight", "head.dense.weight", "head.norm.weight"]
+    for name, family in (("megatron_bert", "megatron_bert"), ("bare", "modernbert")):
+        run = res[name]
+        assert run["family"] == family and run["loaded"] and sorted(run["loaded"]) == sorted(run["fresh"]), run
+        for key, value in run["loaded"].items():
+            np.testing.assert_array_equal(value, run["fresh"][key], err_msg=f"{name} {key}")
 
 
 def _export_then_transformers(ckpt: str, out: str) -> dict:
@@ -338,7 +356,7 @@ def _export_then_transformers(ckpt: str, out: str) -> dict:
     return {"class": info["class"], **_transformers_head(out)}
 
 
-# a pretraining run + 4 + 1 forked ranks (5 s measured on two cores): a new end-to-end case, so extended; the
+# a pretraining run + 4 + 1 forked ranks (5-10 s measured on two shared cores): a new end-to-end case, so extended; the
 # imported (TP1-saved) checkpoint case runs in the default suite above, TP2xPP2 = TP1 fine-tuning in test_modernbert_parallel
 @pytest.mark.extended
 def test_finetune_from_our_tp2_pp2_pretraining_checkpoint_starts_its_head_as_transformers(pubmed_prefix, tmp_path):
