@@ -193,6 +193,9 @@ def _worker(conn, side: str, spec: dict, threads: int) -> None:
 
         torch.set_num_threads(threads)
         if side == "ours":
+            from bio_megatron.parallel.seam import import_megatron_core
+
+            import_megatron_core()  # as `finetune` starts: without Inductor's and wandb's imports
             step, plan = _ours_side(spec)
             conn.send(("ready", plan))
         else:

@@ -43,6 +43,12 @@ def _worker(conn, args: dict[str, Any], dtype_name: str, weights_path: str, thre
         conn.close()
 
 
+def _options(args: argparse.Namespace) -> dict:
+    """The benchmark's options for the child: values only. The CLI's ``func`` (a closure, since ``cli/bench.py``
+    wraps each command in its ``[hf]`` extra check) cannot be pickled, and the child never calls it."""
+    return {k: v for k, v in vars(args).items() if not callable(v)}
+
+
 class HFProcess:
     """``step()`` runs one timed HF train step in the child and returns its parts; ``close()`` ends the child."""
 
@@ -55,7 +61,7 @@ class HFProcess:
             path = Path(tmp) / "weights.pt"
             torch.save(weights, path)
             self._proc = ctx.Process(target=_worker, daemon=True, name="bench-hf", args=(
-                child, vars(args), str(dtype).removeprefix("torch."), str(path), torch.get_num_threads()))
+                child, _options(args), str(dtype).removeprefix("torch."), str(path), torch.get_num_threads()))
             self._proc.start()
             child.close()
             self.optimizer = self._receive()  # the weights are loaded once the child is ready

@@ -444,6 +444,9 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CLI entry: benchmark, optionally write ``--json``, print the summary line (the command's result)."""
+    from bio_megatron.parallel.seam import import_megatron_core
+
+    import_megatron_core()  # as `pretrain`'s own start-up could: without Inductor's and wandb's imports
     res = benchmark(args)
     if args.json:
         write_json_atomic(args.json, res)
