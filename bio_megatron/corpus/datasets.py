@@ -7,8 +7,10 @@ JSON lines for ``finetune re``); a set whose official release needs one names it
 split made from the release, ``corpus/pubmedqa_split.py``), run on the verified files before the folder is renamed.
 
 DDI is made the same way from the DDI-2013 XML release and BLURB's split index (``corpus/ddi_convert.py``), whose
-files live in two repositories (a file may name its own ``source``). Not here: EBM-PICO (BLURB's training split
-is in no copy we could pin and check).
+files live in two repositories (a file may name its own ``source``). EBM-PICO is BLURB's own files from the
+repository that publishes them; its train.tsv is too large for any copy we hold, and upstream's git tree gives
+only its blob id, so that file is pinned by the blob id (:meth:`DatasetFile.pin`) and, once verified, every split
+is checked against BLURB's split index (``corpus/ebm_pico.py``).
 
 Downloads reuse :mod:`bio_megatron.corpus.download` (resume from ``.part``, retries, verification). A set is
 fetched into ``<out>/<name>.partial/`` and renamed to ``<out>/<name>/`` only once every file verified, so a
@@ -46,9 +48,21 @@ _DDI_XML = ("zhangyijia1979/hierarchical-RNNs-model-for-DDI-extraction", "bedb83
 class DatasetFile:
     name: str     # the file's name in the downloaded folder (what our readers and recipes expect)
     path: str     # its path in the upstream repository
-    size: int
-    sha256: str
+    size: int | None = None
+    sha256: str | None = None
     source: tuple[str, str] | None = None  # (repo, commit) where not the dataset's own
+    # git's blob id (SHA-1 of "blob <size>\0" + bytes): the pin of a file whose size and sha256 we never saw, taken
+    # from upstream's tree at the pinned commit (``git ls-tree -l``); it addresses the content as a sha256 would
+    git_blob: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.size is None) != (self.sha256 is None) or (self.sha256 is None) == (self.git_blob is None):
+            raise ValueError(f"{self.name}: pin a file by size and sha256, or by git_blob alone")
+
+    @property
+    def pin(self) -> tuple[str, str]:
+        """``("sha256", hex)`` or ``("git_blob", hex)``: how a download of this file is verified."""
+        return ("sha256", self.sha256) if self.sha256 is not None else ("git_blob", self.git_blob)  # type: ignore
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,20 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             ("test", 7163, "3aef968656fac32e6dab9416a6d4afe0368f797ce705bb9b501e37fad9d7fe84")))),
         f"DDI corpus: CC BY-NC 4.0 (non-commercial use only); {_BLURB_SCRIPTS}",
         "https://creativecommons.org/licenses/by-nc/4.0/", converter="ddi_blurb"),
+    # BLURB's EBM-PICO files and split index; train.tsv by its blob id in the commit's tree (all we have of it), the
+    # rest by size and sha256; the converter checks every split's documents against its index
+    Dataset("EBM_PICO", "blurb", *_KEBIOLM, (
+        DatasetFile("train.tsv", "data/ebmnlp/train.tsv", git_blob="34eeec3b62cd83bd075b77e2ca4b949ba345339d"),
+        DatasetFile("dev.tsv", "data/ebmnlp/dev.tsv", 2474109,
+                    "700c7bf7642fcfde8cfe52605e1ead8f8ffa5d4f6b09b5e96ef62744e604a8d4"),
+        DatasetFile("test.tsv", "data/ebmnlp/test.tsv", 486918,
+                    "60f676f1664ad491a6378b1029c7dd1371c461912322fc6382cec8d6784dd508"),
+        *(DatasetFile(f"{split}_pmid.tsv", f"indexing/ebmnlp/{split}_pmid.tsv", n, h) for split, n, h in (
+            ("train", 33384, "a07d8fe034d832ea2d3e6a0cbcc7c72ac313a09b5d99416af6a534f68a96bfd7"),
+            ("dev", 8351, "fa31017d91027058a7c1edd1a0f5919a3385a63adc56de7b442ac1f88b70f579"),
+            ("test", 1662, "c09ef450e66c13ebb40f65b97bc7b1c2499c2962f27ee7e34113e7b8a66cef45")))),
+        f"EBM-NLP (Nye et al. 2018): licence unstated by its authors (BigBIO: unknown); {_BLURB_SCRIPTS}",
+        "https://github.com/bepnye/EBM-NLP", converter="ebm_pico_check"),
 )}
 
 
@@ -161,14 +189,23 @@ def _ddi_blurb(folder: Path) -> list[Path]:
     return write_ddi_splits(folder)
 
 
-CONVERTERS = {"pubmedqa_split": _pubmedqa_split, "ddi_blurb": _ddi_blurb}  # name -> writes our files beside ours
+def _ebm_pico_check(folder: Path) -> list[Path]:
+    from bio_megatron.corpus.ebm_pico import check_ebm_pico
+
+    log.info("EBM_PICO: documents match BLURB's split index: %s", check_ebm_pico(folder))
+    return []  # BLURB's files are already ours: checked, nothing written
+
+
+# name -> writes our files beside upstream's (or only checks them); returns what it wrote
+CONVERTERS = {"pubmedqa_split": _pubmedqa_split, "ddi_blurb": _ddi_blurb, "ebm_pico_check": _ebm_pico_check}
 
 
 def list_datasets(group: str | None = None) -> list[dict[str, Any]]:
-    """One row per dataset (of ``group``, or all): files with URL, size, sha256; licence; converter."""
+    """One row per dataset (of ``group``, or all): files with URL, size and pin (``sha256``, or ``git_blob`` with
+    size null where that is all upstream gives); licence; converter."""
     return [{"name": d.name, "group": d.group, "licence": d.licence, "licence_url": d.licence_url,
              "converter": d.converter,
-             "files": [{"name": f.name, "url": d.url(f), "bytes": f.size, "sha256": f.sha256} for f in d.files]}
+             "files": [{"name": f.name, "url": d.url(f), "bytes": f.size, f.pin[0]: f.pin[1]} for f in d.files]}
             for d in DATASETS.values() if group in (None, d.group)]
 
 
@@ -192,9 +229,18 @@ def _mirror_base(mirror: str | None) -> str:
     return folder.as_uri()
 
 
+def _at_source(d: Dataset, base: str, work: Path, exc: DataError) -> DataError:
+    """``exc`` naming the staged file (removed by now) restated to name the file's URL, line kept."""
+    f = next((f for f in d.files if exc.path is not None and Path(exc.path) == work / f.name), None)
+    if f is None:
+        return exc
+    why = str(exc).removeprefix(f"{exc.path}:{exc.line}: " if exc.line is not None else f"{exc.path}: ")
+    return DataError(f"{d.name}/{f.name}: {why}", d.url(f, base), exc.line)
+
+
 def download_dataset(name: str, out_dir: str | Path, group: str | None = None, mirror: str | None = None,
                      **kwargs: Any) -> dict[str, Any]:
-    """Fetch one public dataset into ``<out_dir>/<name>/``, every file sha256-verified; return what happened.
+    """Fetch one public dataset into ``<out_dir>/<name>/``, each file verified against its pin; return what happened.
 
     ``kwargs`` go to :func:`download_file` (``retries``, ``timeout``, ``backoff_s``)."""
     d = get_dataset(name, group)
@@ -208,9 +254,10 @@ def download_dataset(name: str, out_dir: str | Path, group: str | None = None, m
     results = []
     try:
         for i, f in enumerate(d.files, 1):
-            res = download_file(RemoteFile(d.url(f, base), f.name, sha256=f.sha256), work, **kwargs)
+            remote = RemoteFile(d.url(f, base), f.name, sha256=f.sha256, git_blob=f.git_blob)
+            res = download_file(remote, work, **kwargs)
             results.append(res)
-            log.info("%s %d/%d %s [%s] %s bytes", d.name, i, len(d.files), f.name, res["status"], f"{f.size:,}")
+            log.info("%s %d/%d %s [%s] %s bytes", d.name, i, len(d.files), f.name, res["status"], f"{res['bytes']:,}")
     except DataError as exc:
         if work != final:
             shutil.rmtree(work, ignore_errors=True)
@@ -223,17 +270,20 @@ def download_dataset(name: str, out_dir: str | Path, group: str | None = None, m
     if d.converter is not None:
         try:
             derived = CONVERTERS[d.converter](work)
-        except BaseException:
+        except BaseException as exc:
             if work != final:  # nothing half-converted is left at --out
                 shutil.rmtree(work, ignore_errors=True)
                 if created_out:
                     shutil.rmtree(out, ignore_errors=True)
+                if isinstance(exc, DataError):
+                    raise _at_source(d, base, work, exc) from None
             raise
-        log.info("%s: %s wrote %s", d.name, d.converter, ", ".join(str(p.relative_to(work)) for p in derived))
+        if derived:
+            log.info("%s: %s wrote %s", d.name, d.converter, ", ".join(str(p.relative_to(work)) for p in derived))
     if work != final:
         work.replace(final)
     return {"name": d.name, "out": str(final), "licence": d.licence, "licence_url": d.licence_url,
             "converted": [str(final / p.relative_to(work)) for p in derived],
             "files": len(results), "downloaded": sum(r["status"] == "downloaded" for r in results),
             "present": sum(r["status"] == "present" for r in results),
-            "bytes": sum(f.size for f in d.files)}
+            "bytes": sum(r["bytes"] for r in results)}

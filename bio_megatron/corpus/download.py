@@ -46,6 +46,7 @@ class RemoteFile:
     name: str
     md5_url: str | None = None
     sha256: str | None = None  # pinned digest (public datasets' table); checked instead of any .md5
+    git_blob: str | None = None  # pinned git blob id, where that is all upstream publishes (no size, no sha256)
 
 
 def _open(url: str, timeout: float, headers: dict[str, str] | None = None):
@@ -93,19 +94,37 @@ def _gzip_ok(path: Path) -> bool:
         return False
 
 
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
+def _digests_of(path: Path, sha256: bool, git_blob: bool) -> tuple[str | None, str | None]:
+    """(sha256, git blob id) of ``path``, each only if asked, in one read. A blob id is git's SHA-1 over
+    ``b"blob <size>\\0" + content`` (``git hash-object``): the content address a repository's tree pins."""
+    h256 = hashlib.sha256() if sha256 else None
+    blob = None
+    if git_blob:
+        blob = hashlib.sha1(f"blob {path.stat().st_size}\0".encode("ascii"), usedforsecurity=False)
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+            if h256 is not None:
+                h256.update(block)
+            if blob is not None:
+                blob.update(block)
+    return (h256.hexdigest() if h256 else None), (blob.hexdigest() if blob else None)
 
 
-def _verify(path: Path, md5: str | None, name: str, sha256: str | None = None) -> str | None:
+def git_blob_id(path: str | Path) -> str:
+    """``git hash-object path``, computed here (no git needed)."""
+    return _digests_of(Path(path), False, True)[1]  # type: ignore[return-value]
+
+
+def _verify(path: Path, md5: str | None, name: str, sha256: str | None = None,
+            git_blob: str | None = None) -> str | None:
     """Why ``path`` (the download of ``name``) is not a good copy, or None."""
-    if sha256 is not None:
-        got = _sha256_of(path)
-        return None if got == sha256 else f"SHA256 mismatch (expected {sha256}, got {got})"
+    if sha256 is not None or git_blob is not None:
+        got256, got_blob = _digests_of(path, sha256 is not None, git_blob is not None)
+        if sha256 is not None and got256 != sha256:
+            return f"SHA256 mismatch (expected {sha256}, got {got256})"
+        if git_blob is not None and got_blob != git_blob:
+            return f"git blob id mismatch (expected {git_blob}, got {got_blob})"
+        return None
     if md5 is not None:
         got = _md5_of(path)
         return None if got == md5 else f"MD5 mismatch (expected {md5}, got {got})"
@@ -129,7 +148,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
                 if attempt == retries:
                     raise DataError(f"cannot fetch checksum {remote.md5_url}: {exc}", str(dest)) from None
                 time.sleep(backoff_s * attempt)
-    if dest.is_file() and _verify(dest, md5, remote.name, remote.sha256) is None:
+    if dest.is_file() and _verify(dest, md5, remote.name, remote.sha256, remote.git_blob) is None:
         return {"name": remote.name, "status": "present", "bytes": dest.stat().st_size}
     part = out_dir / (remote.name + ".part")
     last_error = ""
@@ -163,7 +182,7 @@ def download_file(remote: RemoteFile, out_dir: Path, retries: int = 4, timeout: 
                         part.stat().st_size if part.exists() else 0, attempt, retries)
             time.sleep(backoff_s * attempt)
             continue
-        why = _verify(part, md5, remote.name, remote.sha256)
+        why = _verify(part, md5, remote.name, remote.sha256, remote.git_blob)
         if why is None:
             part.replace(dest)
             return {"name": remote.name, "status": "downloaded", "bytes": dest.stat().st_size,

@@ -113,18 +113,24 @@ def test_list_shows_every_set_with_pinned_urls_sizes_sums_and_licences() -> None
             assert r["licence"] and r["licence_url"].startswith("https://")
             for f in r["files"]:
                 assert re.search(r"/[0-9a-f]{40}/", f["url"]), f["url"]  # pinned to a commit
-                assert re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) and f["bytes"] > 0
+                if "git_blob" in f:  # all upstream gives for a file we never had: its blob id, no size
+                    assert re.fullmatch(r"[0-9a-f]{40}", f["git_blob"]) and f["bytes"] is None and "sha256" not in f
+                else:
+                    assert re.fullmatch(r"[0-9a-f]{64}", f["sha256"]) and f["bytes"] > 0
     rc, _, errors = _cli(["data", "download", "ner", "--name", "GAD", "--out", "unused"])
     assert rc == 2 and "unknown ner dataset 'GAD'" in errors and "BC5CDR-chem" in errors
 
 
 def test_every_pinned_size_and_sha256_matches_the_real_copy_in_shared() -> None:
-    """The table's digests are those of the upstream files (../shared holds the same bytes for every set)."""
+    """The table's digests are those of the upstream files (../shared holds the same bytes for every set, except
+    EBM-PICO's train.tsv, pinned by blob id only: test_git_blob_ids_are_gits)."""
     import hashlib
 
     for d in DATASETS.values():
         for f in d.files:
             local = COPIES.get(d.name, SHARED / d.group / d.name) / f.name
+            if f.pin[0] == "git_blob":
+                continue
             assert local.stat().st_size == f.size, local
             assert hashlib.sha256(local.read_bytes()).hexdigest() == f.sha256, local
 
@@ -237,3 +243,134 @@ def test_a_split_index_naming_a_file_the_archive_lacks_is_one_line(tmp_path: Pat
     with pytest.raises(DataError, match=rf"dev_files.tsv:{len(names)}: 'train_dataset/MedLine/0.xml' is not a file of"):
         write_ddi_splits(tmp_path)
     assert not [p.name for p in tmp_path.glob("*.tsv") if not p.name.endswith("_files.tsv")]  # nothing written
+
+
+# --- EBM-PICO: BLURB's files, train.tsv pinned by its git blob id, every split checked against its index ----------
+PICO = SHARED / "blurb" / "EBM_PICO"
+# upstream's tree at the pinned commit, as `git ls-tree -r bc7c366` of hieunguyen7337/KeBioLM lists it (outside truth)
+KEBIOLM_BLOBS = {"dev.tsv": "91b4bc55913f7cd344ebdb0319844d79ab41fa76",
+                 "test.tsv": "f1f3e476005d4cbc065edde551408276e80c2e72",
+                 "train_pmid.tsv": "700d336d32e74e40620810a65160c5aa52a52df2",
+                 "dev_pmid.tsv": "31daee1cfb77173e32f8a6634394e8f40de53ace",
+                 "test_pmid.tsv": "fe7b3857d6a26a8853cb562fc9f11e2d8fb4e1f4",
+                 "train.tsv": "34eeec3b62cd83bd075b77e2ca4b949ba345339d"}
+
+
+def test_git_blob_ids_are_gits(tmp_path: Path) -> None:
+    """Our blob id of the real dev/test/index files equals upstream's tree listing and `git hash-object`; the table
+    pins train.tsv by the listing's id and everything else by sha256."""
+    import subprocess
+
+    from bio_megatron.corpus.download import git_blob_id
+
+    for name, blob in KEBIOLM_BLOBS.items():
+        if name != "train.tsv":
+            assert git_blob_id(PICO / name) == blob, name
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert git_blob_id(empty) == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's empty blob
+    if shutil.which("git"):
+        names = [str(PICO / "dev.tsv"), str(PICO / "test.tsv"), str(empty)]
+        got = subprocess.run(["git", "hash-object", *names], capture_output=True, text=True, check=True).stdout.split()
+        assert got == [git_blob_id(n) for n in names]
+    pins = {f.name: f.pin for f in DATASETS["EBM_PICO"].files}
+    assert pins.pop("train.tsv") == ("git_blob", KEBIOLM_BLOBS["train.tsv"])
+    assert {kind for kind, _ in pins.values()} == {"sha256"}
+
+
+def _pico_train(path: Path, tag: str = "I-OUT", drop: int = 0, add: str | None = None) -> Path:
+    """A train.tsv of BLURB's form holding one short sentence per PMID of the real train_pmid.tsv (in its order)
+    with all four tags; ``drop`` PMIDs left out, ``add`` a PMID added, ``tag`` the last word's tag."""
+    pmids = (PICO / "train_pmid.tsv").read_text().strip().split(",")[drop:] + ([add] if add else [])
+    path.write_text("".join(f"-DOCSTART- ({p})\n\nAspirin\tI-INT\nin\tO\nadults\tI-PAR\n:\tO\npain\t{tag}\n\n"
+                            for p in pmids))
+    return path
+
+
+def _pico_mirror(root: Path, train: Path, monkeypatch: pytest.MonkeyPatch, pin: Path | None = None) -> Path:
+    """A mirror of EBM_PICO with the real dev/test/index files and ``train``; for the test only, the table's
+    train.tsv pin is replaced by the blob id of ``pin`` (default ``train``): upstream's train.tsv is not here."""
+    import dataclasses
+
+    from bio_megatron.corpus.download import git_blob_id
+
+    d = DATASETS["EBM_PICO"]
+    files = tuple(dataclasses.replace(f, git_blob=git_blob_id(pin or train)) if f.name == "train.tsv" else f
+                  for f in d.files)
+    monkeypatch.setitem(DATASETS, "EBM_PICO", dataclasses.replace(d, files=files))
+    for f in files:
+        dest = root.joinpath(*d.origin(f), f.path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(train if f.name == "train.tsv" else PICO / f.name, dest)
+    return root
+
+
+def _pico_download(tmp: Path, out: Path, mirror: Path):
+    from tests.harness import cli_forked
+
+    return cli_forked(["data", "download", "blurb", "--name", "EBM_PICO", "--out", str(out), "--mirror", str(mirror),
+                       "--retries", "1"])
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if " ERROR " in line]
+
+
+def test_ebm_pico_downloads_and_is_the_folder_the_recipe_reads(tmp_path: Path, monkeypatch) -> None:
+    """EBM_PICO from a local mirror (dev/test/index: ../shared's real files; train.tsv written here and pinned by its
+    blob id for the test): the licence first, the six files, and `ner/ebm_pico` with only data_dir set finds its
+    train/dev/test there, each the documents of its index with PICO tags."""
+    from bio_megatron.config.finetune import load_finetune_config
+    from bio_megatron.config.recipes import RECIPES
+    from bio_megatron.tasks.blurb_tagging import read_ebm_pico
+    from bio_megatron.tasks.ner import read_split
+
+    train = _pico_train(tmp_path / "train.tsv")
+    out = tmp_path / "out"
+    ran = _pico_download(tmp_path, out, _pico_mirror(tmp_path / "mirror", train, monkeypatch))
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.startswith("EBM_PICO: licence EBM-NLP (Nye et al. 2018): licence unstated")
+    summary = json.loads(ran.stdout.split("\n", 1)[1])["datasets"][0]
+    assert summary["downloaded"] == 6 and summary["converted"] == []
+    got = out / "EBM_PICO"
+    assert sorted(p.name for p in got.iterdir()) == sorted(f.name for f in DATASETS["EBM_PICO"].files)
+    ds = load_finetune_config("ner", str(RECIPES / "ner" / "ebm_pico.yaml"), [f"model.dataset.data_dir={got}"]
+                              ).model.dataset
+    files = {split: Path(ds.data_dir) / getattr(ds, f"{split}_file") for split in ("train", "dev", "test")}
+    assert files["train"].read_bytes() == train.read_bytes()
+    # dev/test: the bytes of ../shared's copies, which the recipe's default data_dir reads (test_classify_recipes)
+    for split in ("dev", "test"):
+        assert files[split].read_bytes() == (PICO / f"{split}.tsv").read_bytes()
+    assert len(read_ebm_pico(files["train"], got / "train_pmid.tsv")) == 3842  # BLURB's train abstracts
+    # the NER task's own reader takes it, and its label map gets BLURB's four tags
+    assert {t for sentence in read_split(ds, ds.train_file) for t in sentence.tags} == {"O", "I-PAR", "I-INT", "I-OUT"}
+
+
+@pytest.mark.parametrize("case", ["blob", "pmids", "tag"])
+def test_a_bad_ebm_pico_train_is_one_line_exit_2_and_nothing_at_out(tmp_path: Path, monkeypatch, case: str) -> None:
+    """A train.tsv whose bytes are not the pinned blob, one whose PMIDs differ from train_pmid.tsv (one left out,
+    one added; both verify against their pin), and one with a tag not of BLURB's four: one line naming the file
+    (and line), exit 2, --out never created."""
+    good = _pico_train(tmp_path / "good.tsv")
+    bad = tmp_path / "train.tsv"
+    if case == "blob":
+        bad.write_bytes(good.read_bytes().replace(b"Aspirin", b"Aspirim", 1))  # one byte of the first word
+    else:
+        _pico_train(bad, drop=1, add="1") if case == "pmids" else _pico_train(bad, tag="B-OUT")
+    mirror = _pico_mirror(tmp_path / "mirror", bad, monkeypatch, pin=good if case == "blob" else None)
+    out = tmp_path / "out"
+    ran = _pico_download(tmp_path, out, mirror)
+    assert ran.returncode == 2, ran.stderr
+    (line,) = _error_lines(ran.stderr)
+    url = DATASETS["EBM_PICO"].url(DATASETS["EBM_PICO"].files[0], mirror.resolve().as_uri())
+    assert "EBM_PICO/train.tsv" in line and url in line, line
+    if case == "blob":
+        from bio_megatron.corpus.download import git_blob_id
+
+        assert f"git blob id mismatch (expected {git_blob_id(good)}, got {git_blob_id(bad)})" in line
+    elif case == "pmids":
+        # 8 lines a document: its marker, a blank, five words, a blank; the added PMID comes after the 3,841 kept
+        assert f"{url}:{8 * 3841 + 1}: EBM_PICO/train.tsv: document 1 is not in train_pmid.tsv (1 such)" in line
+    else:
+        assert f"{url}:7: EBM_PICO/train.tsv: 'pain\\tB-OUT' is not token<TAB>tag" in line
+    assert not out.exists()
