@@ -125,8 +125,8 @@ BLURB = Suite(
         _blurb_ner("jnlpba", "JNLPBA", "jnlpba", f"BLURB's untyped JNLPBA, {_SHARED}/blurb/JNLPBA"),
         Dataset("ebm_pico", "EBM PICO", PICO, "ner", "ebm_pico", "score", "Macro F1 word-level", FRACTION,
                 evaluator="ebm_pico", needs_predictions=True,
-                needs="BLURB lists EBM PICO's training split by PMID only (train_pmid.tsv): give a train file "
-                      "(model.dataset.train_file in a --recipe-map)"),
+                needs="../shared has no EBM PICO training split: `bio-megatron data download blurb --name EBM_PICO "
+                      "--out DIR`, then model.dataset.data_dir=DIR/EBM_PICO in a --recipe-map"),
         Dataset("chemprot", "ChemProt", RE, "re", "chemprot", "f1", "Micro F1", FRACTION, PRF,
                 needs=f"the BioCreative VI ChemProt files, {_SHARED}/re/chemprot-original"),
         _blurb_cls("ddi", "DDI", RE, "Micro F1", "ddi", f"{_SHARED}/blurb/DDI"),
