@@ -374,3 +374,17 @@ def test_a_bad_ebm_pico_train_is_one_line_exit_2_and_nothing_at_out(tmp_path: Pa
     else:
         assert f"{url}:7: EBM_PICO/train.tsv: 'pain\\tB-OUT' is not token<TAB>tag" in line
     assert not out.exists()
+
+
+def test_an_index_pmid_without_its_document_names_the_index_and_real_dev_test_pass(tmp_path: Path) -> None:
+    """The check the other way round (a listed PMID with no document: the index file and line), and BLURB's real
+    dev/test against their real indexes: 960 and 191 abstracts (SOURCES.md)."""
+    from bio_megatron.corpus.ebm_pico import check_split
+    from bio_megatron.utils.errors import DataError
+
+    assert [check_split(PICO / f"{s}.tsv", PICO / f"{s}_pmid.tsv") for s in ("dev", "test")] == [960, 191]
+    train = _pico_train(tmp_path / "train.tsv", drop=2)
+    first = (PICO / "train_pmid.tsv").read_text().split(",")[0]
+    with pytest.raises(DataError, match=rf"train_pmid.tsv:1: PMID {first} \(and 1 more\) of train_pmid.tsv has no "
+                                        r"document in train.tsv$"):
+        check_split(train, PICO / "train_pmid.tsv")
