@@ -388,3 +388,37 @@ def test_an_index_pmid_without_its_document_names_the_index_and_real_dev_test_pa
     with pytest.raises(DataError, match=rf"train_pmid.tsv:1: PMID {first} \(and 1 more\) of train_pmid.tsv has no "
                                         r"document in train.tsv$"):
         check_split(train, PICO / "train_pmid.tsv")
+
+
+@pytest.mark.extended
+def test_the_downloaded_folder_gives_benchmark_blurbs_ebm_pico_cell(tmp_path: Path, monkeypatch) -> None:
+    """The BLURB suite's ebm_pico cell, missing while ../shared has no train split, runs on a downloaded folder given by
+    a --recipe-map (the recipe unchanged but data_dir; a tiny random model, 32 training sentences, 1 epoch) and is
+    scored on the full test split exactly as `bio-megatron evaluate ebm_pico` scores the run's predictions.
+    Extended: ~15 s, and the download itself is proven by the tests above."""
+    import yaml
+
+    from tests.benchmark.suite_files import SMALL, make_model
+    from tests.harness import cli_forked
+
+    out = tmp_path / "out"
+    ran = _pico_download(tmp_path, out, _pico_mirror(tmp_path / "mirror", _pico_train(tmp_path / "t.tsv"), monkeypatch))
+    assert ran.returncode == 0, ran.stderr
+    folder = out / "EBM_PICO"
+    recipe_map = tmp_path / "map.yaml"
+    recipe_map.write_text(yaml.safe_dump({"ebm_pico": {"overrides": [
+        f"model.dataset.data_dir={folder}", "model.dataset.max_train_examples=32", *SMALL]}}))
+    suite = tmp_path / "suite"
+    ran = cli_forked(["benchmark", "blurb", "--model", str(make_model(tmp_path / "model")), "--out", str(suite),
+                      "--datasets", "ebm_pico", "--seeds", "1", "--no-grid", "--epochs", "1",
+                      "--recipe-map", str(recipe_map)])
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    cell = json.loads((suite / "cells" / "ebm_pico" / "seed1" / "cell.json").read_text())
+    assert cell["status"] == "finished", cell
+    pred = suite / cell["run_dir"] / "test_predictions.conll"  # run_dir: relative to the suite folder
+    scored = cli_forked(["evaluate", "ebm_pico", "--gold", str(folder / "test.tsv"), "--pred", str(pred)])
+    assert scored.returncode == 0, scored.stderr
+    truth = json.loads(scored.stdout)
+    assert truth["words"] == 51784  # BLURB's test split, whole (SOURCES.md)
+    assert cell["evaluation"]["score"] == truth["score"]
+    assert cell["scores"]["score"] == pytest.approx(100 * truth["score"])
