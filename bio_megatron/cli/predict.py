@@ -7,6 +7,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Callable
 
 from bio_megatron.utils.log import get_logger
 
@@ -146,37 +147,39 @@ def run_qa(args: argparse.Namespace) -> int:
 
 def run_classify(args: argparse.Namespace) -> int:
     _lean_start()
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.classify import dataset_config_of, load_classifier, predict, read_examples
-    from bio_megatron.utils.io import check_output_file
 
-    if args.out:
-        check_output_file(args.out)
+    _check_out(args)
     examples = read_examples(args.input, dataset_config_of(args.checkpoint))  # the whole input, before the model loads
-    try:
-        single_process()
-        lines = [json.dumps(p) for p in predict(load_classifier(args.checkpoint), examples)]
-    finally:
-        teardown()
-    _write_lines(args.out, lines)
-    return 0
+    return _predict_and_write(args, lambda: predict(load_classifier(args.checkpoint), examples))
 
 
 def run_re(args: argparse.Namespace) -> int:
     _lean_start()
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.re import dataset_config_of, load_relation_model, predict, read_examples
+
+    _check_out(args)
+    examples = read_examples(args.input, dataset_config_of(args.checkpoint))  # the whole input, before the model loads
+    return _predict_and_write(args, lambda: predict(load_relation_model(args.checkpoint), examples))
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """``--out`` is a file we may write, and not one of the inputs (before anything is read)."""
     from bio_megatron.utils.io import check_output_file, check_output_path
 
     if args.out:
         check_output_file(args.out)
         check_output_path(args.out, [args.input, args.checkpoint], "the predictions (--out)")
-    examples = read_examples(args.input, dataset_config_of(args.checkpoint))  # the whole input, before the model loads
+
+
+def _predict_and_write(args: argparse.Namespace, predictions: Callable[[], list[dict]]) -> int:
+    """``predictions()`` in a one-process world (torn down after), written as JSON lines to ``--out`` or stdout."""
+    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import teardown
+
     try:
         single_process()
-        lines = [json.dumps(p) for p in predict(load_relation_model(args.checkpoint), examples)]
+        lines = [json.dumps(p) for p in predictions()]
     finally:
         teardown()
     _write_lines(args.out, lines)
