@@ -184,7 +184,11 @@ bm_launch() {
   bm_log "job $SLURM_JOB_ID restart $restarts: $SLURM_NNODES node(s) x $GPUS_PER_NODE, launcher=$LAUNCHER," \
          "container=${CONTAINER_IMAGE:-none}, MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
   bm_log "run directory: $run_dir"
-  bm_log "launching: ${SRUN_CMD[*]}"
+  # Shell-quoted (printf %q), so the line in the job log copy-pastes: ${SRUN_CMD[*]} lost the quoting of the per-rank
+  # bash -c script, of arguments with spaces and of [..] overrides, which the shell would glob.
+  local shown
+  printf -v shown '%q ' "${SRUN_CMD[@]}"
+  bm_log "launching: ${shown% }"
 
   "${SRUN_CMD[@]}" &
   BM_SRUN_PID=$!

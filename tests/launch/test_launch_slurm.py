@@ -235,10 +235,23 @@ def test_finetune_sbatch_rejects_an_unknown_task():
     assert res.returncode == 2 and "TASK must be ner, re, qa or classify, got 'pos'" in res.stderr, res.stderr
 
 
+# A stand-in srun that writes its arguments (one per line, NUL-free) and the step's exit status 0, and an scontrol
+# that names the job's one host: the batch shell's own logic runs as on a cluster, up to the step it launches.
+FAKE_SRUN = '#!/bin/bash\nfor a in "$@"; do printf "%s\\0" "$a"; done >> "$SRUN_CALLS"\nprintf "\\n" >> "$SRUN_CALLS"\n'
+FAKE_SCONTROL = '#!/bin/bash\n[ "$1 $2" = "show hostnames" ] && echo node1\n'
+
+
+def _srun_calls(calls: Path) -> list[list[str]]:
+    return [c.split("\0") for c in calls.read_text().split("\0\n") if c] if calls.exists() else []
+
+
 @pytest.mark.parametrize("task", ["ner", "re", "qa", "classify"])
 def test_finetune_sbatch_accepts_every_finetune_task(task, tmp_path):
-    """Every ``bio-megatron finetune`` task passes the script's task check (TASK=classify was refused): outside a
-    job the script then stops at the next check, the SLURM one."""
+    """Every ``bio-megatron finetune`` task launches (TASK=classify was refused): inside a job (SLURM_* set, a
+    stand-in srun) the step runs ``bio-megatron finetune <task> --config <recipe> <arguments>`` on every rank, and
+    the ``launching:`` line the job log shows copy-pastes: bash reads it back into the very same srun arguments
+    (it was ``${SRUN_CMD[*]}``: the per-rank ``bash -c`` script, an argument with a space and a ``[0]`` override
+    came back as other words)."""
     import argparse
 
     from bio_megatron.cli import build_parser
@@ -247,8 +260,28 @@ def test_finetune_sbatch_accepts_every_finetune_task(task, tmp_path):
         return next(a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction))
 
     assert task in commands(commands(build_parser())["finetune"])  # the tasks the CLI has
+    fake, calls = tmp_path / "bin", tmp_path / "srun.calls"
+    fake.mkdir()
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake / name).write_text(text)
+        (fake / name).chmod(0o755)
+    (tmp_path / "[0]").mkdir()  # a glob that matches: an unquoted trainer.devices=[0] would not stay itself
+    recipe = f"nemo_configs/{task}/tiny_{task}.yaml"
+    args = [f"model.dataset.data_dir={tmp_path}/my data", "trainer.devices=[0]", "--dry-run"]
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    res = subprocess.run(["bash", "slurm/finetune.sbatch"], cwd=REPO, env={**base, "TASK": task,
-                         "EXP_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=30)
-    assert res.returncode != 0 and "not inside a SLURM job" in res.stderr, res.stderr
-    assert "TASK must be" not in res.stderr
+    env = {**base, "TASK": task, "RECIPE": recipe, "EXP_DIR": str(tmp_path / "runs"), "RUN_NAME": "ft", "VENV": "",
+           "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "node1", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2",
+           "GPUS_PER_NODE": "2", "SRUN_CALLS": str(calls),
+           "PATH": f"{fake}:{REPO / '.venv' / 'bin'}:{base['PATH']}"}
+    res = subprocess.run(["bash", "slurm/finetune.sbatch", *args], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0 and "TASK must be" not in res.stderr, (res.stdout, res.stderr)
+    (launched,) = _srun_calls(calls)
+    rank_command = launched[launched.index("bash") + 4:]  # after bash -c SCRIPT $0
+    assert rank_command == ["bio-megatron", "finetune", task, "--config", recipe, *args,
+                            f"exp_manager.exp_dir={tmp_path / 'runs'}", "exp_manager.name=ft"], launched
+    (line,) = [ln for ln in res.stdout.splitlines() if "] launching: " in ln]
+    printed = line.split("] launching: ", 1)[1]
+    again = subprocess.run(["bash", "-c", printed], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
+    assert again.returncode == 0, again.stderr
+    assert _srun_calls(calls)[1] == launched, printed
