@@ -135,9 +135,27 @@ def _pipeline_entities(folder: str, strategies: tuple[str, ...], texts: list[str
     out = {}
     for strategy in strategies:
         pipe = pipeline("token-classification", model=folder, aggregation_strategy=strategy, device="cpu")
+        if strategy == "none":  # the pipeline's default: a tag per sub-token (O left out), grouped here as BIO reads
+            out[strategy] = [_bio_groups(pipe(t)) for t in texts]
+            continue
         out[strategy] = [[{"type": e["entity_group"], "start": int(e["start"]), "end": int(e["end"]),
                            "score": float(e["score"])} for e in pipe(t)] for t in texts]
     return out
+
+
+def _bio_groups(tokens: list[dict]) -> list[dict]:
+    """Entities from the default strategy's sub-tokens: ``B-X`` (or an ``I-X`` after anything but X) opens one,
+    ``I-X`` right after a sub-token of X extends it (conlleval's rule)."""
+    groups: list[dict] = []
+    last = None
+    for tok in tokens:
+        prefix, _, kind = tok["entity"].partition("-")
+        if prefix == "I" and groups and groups[-1]["type"] == kind and tok["index"] == last + 1:
+            groups[-1]["end"] = int(tok["end"])
+        else:
+            groups.append({"type": kind, "start": int(tok["start"]), "end": int(tok["end"])})
+        last = tok["index"]
+    return groups
 
 
 def _predict_ner(checkpoint: Path, texts: list[str], tmp: Path) -> list[list[dict]]:
@@ -177,15 +195,16 @@ def test_simple_and_first_aggregation_group_the_entities_predict_ner_finds(ner_e
     """On the sentences the model learned, each sub-token predicts its training label: with the default
     ``model.dataset.continuation_label: inside`` a ``B-X`` word's later sub-tokens are ``I-X``, so ``simple``, which
     groups sub-tokens, finds predict ner's entities (with every sub-token labelled ``B-X``, as NeMo labels them, it
-    split each multi-piece word into one entity per piece); ``first`` reads words at their first sub-token as
-    predict does (same scores too)."""
+    split each multi-piece word into one entity per piece); the pipeline's default (``none``: a tag per sub-token)
+    grouped as BIO reads gives the same entities; ``first`` reads words at their first sub-token as predict does
+    (same scores too)."""
     from transformers import AutoTokenizer
 
     from bio_megatron.tasks.ner_data import read_iob
 
     texts = [" ".join(s.words) for s in read_iob(TRAIN_FILE)[:N_TRAIN]]
     ours = _predict_ner(ner_export["hf"], texts, tmp_path)
-    (theirs,) = run_world(1, _pipeline_entities, str(ner_export["hf"]), ("simple", "first"), texts)
+    (theirs,) = run_world(1, _pipeline_entities, str(ner_export["hf"]), ("none", "simple", "first"), texts)
     # what makes the comparison mean something: many entities, and entity words of several sub-tokens
     tok = AutoTokenizer.from_pretrained(ner_export["hf"])
     pieces = sum(len(tok.tokenize(text[e["start"]:e["end"]])) > 1 for doc, text in zip(ours, texts) for e in doc)
