@@ -9,6 +9,7 @@ A fine-tuned model's encoder + head load through :func:`bio_megatron.loading.fin
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -155,15 +156,37 @@ def saved_vocab_name(vocab_file: str | Path) -> str:
     return "spiece.model" if path.suffix == ".model" else "vocab.txt"
 
 
+def stack_nested_layers(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``<p>encoder.layers.<i>.x`` of a nested encoder (``p`` not empty: ELECTRA's ``generator.``) -> one
+    ``<p>encoder.layers.x`` stacked over i: the key dist-checkpointing gives such layers, which
+    :func:`~bio_megatron.loading.model.load_full_state` then finds as it is (it stacks the top-level
+    ``encoder.layers.<i>`` itself)."""
+    out, stacks = {}, {}
+    for k, v in full.items():
+        nested = _NESTED_LAYER.match(k)
+        if nested is None:
+            out[k] = v
+        else:
+            prefix, i, rest = nested.groups()
+            stacks.setdefault(f"{prefix}encoder.layers.{rest}", {})[int(i)] = v
+    out.update({k: torch.stack([layers[i] for i in sorted(layers)]) for k, layers in stacks.items()})
+    return out
+
+
+_NESTED_LAYER = re.compile(r"^(.+\.)encoder\.layers\.(\d+)\.(.+)$")
+
+
 def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool = False,
                verify: Callable[[Path, dict[str, torch.Tensor]], dict] | None = None,
-               fresh_head_seed: int = 0) -> dict | None:
+               fresh_head_seed: int = 0, fresh: Sequence[str] = ()) -> dict | None:
     """Our checkpoint (TP1, model weights only; loadable at any layout) of ``state`` at ``out``: the family's
     pretraining model, or for a fine-tuned state the task model (encoder + ``state.head``), built at TP1 and
     filled from the state; ``config.yaml`` (``state.model`` in a pretraining or task config), the vocabulary,
     ``label_ids.csv``, ``bio_megatron.json`` (``imported_from``: ``state.source``, plus ``state.origin``) and
     the checksums. A pretraining state without an MLM head (a bare encoder) gets a fresh one, initialised with
-    ``fresh_head_seed``. ``verify(tmp, tensors)`` (``import ... --verify``; ``tensors``: the full TP1 state the
+    ``fresh_head_seed``; so are the pretraining model's top-level modules named in ``fresh`` that the state lacks
+    (ELECTRA's generator and discriminator head: BioELECTRA publishes discriminators only), as a pretraining run
+    would start them. ``verify(tmp, tensors)`` (``import ... --verify``; ``tensors``: the full TP1 state the
     model was filled with) checks the written checkpoint before it is moved onto ``out``
     (:func:`save_verified`). Returns the verify report, or None."""
     from bio_megatron.config.finetune import CONFIG_CLASSES
@@ -184,11 +207,16 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         cfg = PretrainConfig(model=m)
         m.bert_binary_head = state.binary_head
         model = family_named(state.family).build_pretraining_model(m, state.vocab_size, torch.float32)
-        if "lm_head.dense.weight" not in full:  # a bare encoder (HF BertModel, an encoder-only file): fresh MLM head
+        if fresh:
+            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers)
+            full.update({k: v for k, v in model.state_dict().items()
+                         if k.split(".", 1)[0] in fresh and k not in full and torch.is_tensor(v)})
+        elif "lm_head.dense.weight" not in full and "lm_head.dense.weight" in model.state_dict():
+            # a bare encoder (HF BertModel, an encoder-only file): fresh MLM head (ELECTRA's is the generator's)
             log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", state.source)
             init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers)
-            fresh = model.state_dict()
-            full.update({k: v for k, v in fresh.items()
+            initialised = model.state_dict()
+            full.update({k: v for k, v in initialised.items()
                          if k.startswith(("lm_head.", "output_layer.bias")) and torch.is_tensor(v)})
     else:
         cfg = CONFIG_CLASSES[task]()
@@ -196,7 +224,7 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         head = build_head(task, m, m.shape().hidden_size, len(labels) if labels else 2)
         model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
         full.update(state.head)
-    load_full_state(model, full)
+    load_full_state(model, stack_nested_layers(full))
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = saved_vocab_name(state.vocab_file), state.lowercase
     meta = {"imported_from": state.source, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
             "task": task, "vocab_size": state.vocab_size, "padded_vocab_size": padded, "labels": labels,

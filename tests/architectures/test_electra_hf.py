@@ -124,7 +124,7 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     from transformers import AutoModelForMaskedLM, AutoModelForPreTraining, AutoTokenizer
 
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.formats.ours import read_ours
+    from bio_megatron.formats.ours import read_ours, write_ours
 
     info = export_hf(ckpt, out)
     state = read_ours(ckpt)  # what export hf wrote the folders from: the objective and generator width carried
@@ -132,6 +132,13 @@ def _export_and_reload(ckpt: str, out: str) -> dict:
     res = {"class": info["class"], "files": {}, "objective": state.model.objective,
            "fraction": state.model.generator_hidden_fraction, "gen_fc1": gen_fc1,
            "vocab_rows": state.tensors["generator.output_layer.bias"].shape[0] == state.vocab_size}
+    # write_ours (the writer import hf of ELECTRA saves through) of that state reads back the same model
+    write_ours(state, f"{out}_rewritten", "import test")
+    back = read_ours(f"{out}_rewritten")
+    res["rewritten"] = {"keys": sorted(back.tensors) == sorted(state.tensors),
+                        "objective": back.model.objective, "fraction": back.model.generator_hidden_fraction,
+                        "not_equal": [k for k, v in state.tensors.items()
+                                      if not torch.equal(v, back.tensors.get(k, torch.empty(0)))]}
     for name, auto in (("disc", AutoModelForPreTraining), ("gen", AutoModelForMaskedLM)):
         folder = Path(out) / ("discriminator" if name == "disc" else "generator")
         hf = auto.from_pretrained(str(folder)).eval()
@@ -159,6 +166,8 @@ def test_export_loads_in_transformers_with_same_logits(imported):
         and res["card_kept"], res
     # read_ours keeps ELECTRA's objective and its generator (2 layers of width G, real vocabulary rows)
     assert res["objective"] == "electra" and res["fraction"] == G / H, res
+    # and write_ours is its inverse for ELECTRA too: the generator's layers, objective and width bit for bit
+    assert res["rewritten"] == {"keys": True, "objective": "electra", "fraction": G / H, "not_equal": []}, res
     assert [tuple(s) for s in res["gen_fc1"]] == [(4 * G, G)] * 2 and res["vocab_rows"], res
     assert (res["disc_class"], res["gen_class"]) == ("ElectraForPreTraining", "ElectraForMaskedLM")
     for files in res["files"].values():

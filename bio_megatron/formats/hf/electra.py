@@ -26,13 +26,16 @@ from bio_megatron.families.electra import (DISCRIMINATOR_CLASSES, ELECTRA, elect
                                            electra_mcore_to_hf, generator_problems)
 from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.formats.source import Source, read_hf_config
-from bio_megatron.formats.state import ModelState
+from bio_megatron.formats.state import ModelState, unpadded
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 SUBFOLDERS = ("discriminator", "generator")
+# The top-level modules of our ELECTRA model an HF source may lack (a discriminator alone, a bare ElectraModel):
+# initialised fresh, in this order in the warning and the result's ``fresh``.
+MAY_BE_FRESH = ("discriminator_head", "generator")
 
 
 def _model_config(shape: dict, **extra):
@@ -41,20 +44,6 @@ def _model_config(shape: dict, **extra):
     shape = {k: v for k, v in shape.items() if k != "family"}  # the source's, which is this one
     return ModelConfig(**shape, family=ELECTRA.name, objective="electra", bert_binary_head=False,
                        transformer_impl="local", **extra)
-
-
-def _stack_layers(full: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
-    """``<prefix>encoder.layers.<i>.x`` -> one ``<prefix>encoder.layers.x`` stacked over i: the key
-    dist-checkpointing gives the generator's layers, which ``load_full_state`` then finds as it is."""
-    head, out, stacks = f"{prefix}encoder.layers.", {}, {}
-    for k, v in full.items():
-        if k.startswith(head):
-            i, rest = k[len(head):].split(".", 1)
-            stacks.setdefault(head + rest, {})[int(i)] = v
-        else:
-            out[k] = v
-    out.update({k: torch.stack([layers[i] for i in sorted(layers)]) for k, layers in stacks.items()})
-    return out
 
 
 def fresh_generator_fraction(hidden: int) -> float:
@@ -71,14 +60,9 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.formats.hf.files import IMPORT_COMMAND
-    from bio_megatron.formats.ours import save_verified
-    from bio_megatron.loading.finetuned import single_process
     from bio_megatron.formats.hf.read import read_hf_weights
-    from bio_megatron.loading.model import load_full_state
+    from bio_megatron.formats.ours import write_ours
     from bio_megatron.models.hf_convert import check_config_tensors
-    from bio_megatron.models.electra import build_electra_model
-    from bio_megatron.models.init import init_weights
-    from bio_megatron.training import checkpoint as ckpt
     from bio_megatron.vocab.bpe import load_tokenizer
 
     check_output_dir(out, IMPORT_COMMAND, overwrite)
@@ -112,28 +96,19 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
     except KeyError as exc:
         raise CheckpointError(f"{gen_dir or src.path}: weight {exc.args[0]} is missing (not an ELECTRA "
                               "checkpoint?)") from None
-    cfg = PretrainConfig(model=m)
-    single_process()
-    model = build_electra_model(m, tok.vocab_size, torch.float32)
-    init_weights(model, cfg.trainer.seed, m.init_method_std, m.shape().num_layers)
-    fresh = {k: v for k, v in model.state_dict().items() if torch.is_tensor(v) and k not in full}
-    missing = sorted({k.split(".")[0] for k in fresh})
+    state = ModelState(unpadded(full, tok.vocab_size), m, ELECTRA.name, Path(src.vocab_file), tok.vocab_size,
+                       tok.lowercase, source=str(src.path),
+                       origin={"generator_from": str(gen_dir) if gen_dir else None})
+    missing = [name for name in MAY_BE_FRESH if not any(k.startswith(f"{name}.") for k in full)]
     if missing:  # BioELECTRA publishes discriminators only: keep a trainable generator / head, say so
         log.warning("%s: no weights for %s in the source: freshly initialised (generator_hidden_fraction %.4g); "
                     "fine-tuning uses the discriminator only", src.path, ", ".join(missing),
                     m.generator_hidden_fraction)
-    load_full_state(model, _stack_layers({**full, **fresh}, "generator."))
-    m.tokenizer.vocab_file, m.tokenizer.do_lower_case = Path(src.vocab_file).name, tok.lowercase
-    def save(tmp: Path) -> None:
-        ckpt.save_model_checkpoint(
-            tmp, model, cfg, src.vocab_file,
-            {"imported_from": str(src.path), "generator_from": str(gen_dir) if gen_dir else None,
-             "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False}, "task": None,
-             "vocab_size": tok.vocab_size, "padded_vocab_size": padded, "labels": None})
-
     # verified in the hidden sibling before it is moved onto ``out``: above tolerance nothing is left at ``out``
-    check = (lambda tmp: verify_electra_import(src.path, gen_dir, tmp, tolerance)) if verify else None
-    report = save_verified(out, IMPORT_COMMAND, overwrite, save, check)
+    check = (lambda tmp, _tensors: verify_electra_import(src.path, gen_dir, tmp, tolerance)) if verify else None
+    # what is fresh is seeded as a pretraining run of the default config would seed it
+    report = write_ours(state, out, IMPORT_COMMAND, overwrite, check, fresh_head_seed=PretrainConfig().trainer.seed,
+                        fresh=missing)
     result = {"out": str(out), "task": None, "labels": None, "objective": "electra",
               "generator_hidden_fraction": m.generator_hidden_fraction, "fresh": missing}
     if report is not None:
