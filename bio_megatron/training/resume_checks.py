@@ -23,6 +23,7 @@ state), the data blend (adding data to a running job is legitimate), dropout.
 from __future__ import annotations
 
 import hashlib
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,7 @@ def check_compatible(path: Path, cfg, run_vocab: str | Path, how: str, fix: str 
     else:
         fix = (f"keep the checkpoint's value, start afresh with another exp_manager.name (or "
                f"exp_manager.resume_if_exists=false), or start a new run from its weights with a fresh optimizer: "
-               f"model.restore_from_path={path}")
+               f"{shlex.quote(f'model.restore_from_path={path}')}")  # quoted: it pastes into a shell
     problem = vocab_mismatch(path, run_vocab)
     if problem:
         raise CheckpointError(f"cannot {how} from checkpoint {path}: {problem}; "

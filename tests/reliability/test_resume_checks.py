@@ -92,12 +92,22 @@ def test_same_size_permuted_vocabulary_is_refused(source, pubmed_prefix, tmp_pat
 
 
 def test_lr_change_on_resume_is_one_line(source, pubmed_prefix, tmp_path):
-    run, vocab = _copy_run(source, tmp_path)
-    line = _refused(pubmed_prefix, tmp_path, vocab, "model.optim.lr=0.0005")
+    """Another LR on resume: one line with both values and each way on, the overrides as they paste into a shell
+    (the runs folder has a space: the restore path was printed unquoted)."""
+    import shlex
+
+    from bio_megatron.training.resume_checks import OVERRIDE
+
+    runs = tmp_path / "my runs"
+    run, vocab = _copy_run(source, runs)
+    line = _refused(pubmed_prefix, runs, vocab, "model.optim.lr=0.0005")
     saved = json.loads(json.dumps(__import__("yaml").safe_load(
         (run / "checkpoints" / "iter_0000002" / "config.yaml").read_text())))["model"]["optim"]["lr"]
     assert f"model.optim.lr is 0.0005 in this run's config but {saved!r} in the checkpoint's" in line, line
-    assert "exp_manager.resume_if_exists=false" in line and "model.restore_from_path=" in line, line
+    assert "exp_manager.resume_if_exists=false" in line, line
+    restore = line.split("with a fresh optimizer: ", 1)[1].split("; or take this run's LR schedule with ", 1)
+    assert shlex.split(restore[0]) == [f"model.restore_from_path={run / 'checkpoints' / 'iter_0000002'}"], line
+    assert restore[1].startswith(f"{OVERRIDE} "), line  # the key that takes the new LR instead
 
 
 @pytest.mark.parametrize("change,key", [("model.num_layers=2", "model.num_layers"),
