@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import shlex
 import time
 from pathlib import Path
 
@@ -94,11 +95,12 @@ def _evaluate(cell: Cell, plan: Plan, res: dict) -> dict:
     d = cell.dataset
     ds = load_finetune_config(d.task, cell.recipe, cell.overrides).model.dataset
     gold, pred = Path(ds.data_dir) / ds.test_file, res.get("test_predictions")
-    command = f"bio-megatron evaluate {d.evaluator} --gold {gold} --pred {pred}"
+    words = ["bio-megatron", "evaluate", d.evaluator, "--gold", str(gold), "--pred", str(pred)]
     scorer = EVALUATORS[d.evaluator].score
     if d.evaluator_metric:
-        command += f" --metric {d.evaluator_metric}"
+        words += ["--metric", d.evaluator_metric]
         scorer = METRIC_VARIANTS[(d.evaluator, d.evaluator_metric)]
+    command = shlex.join(words)  # recorded and printed: it must paste into a shell (paths with spaces)
     if not pred:
         if d.needs_predictions:
             raise DataError(f"the run wrote no test predictions for `{command}`", str(cell.run_dir / "results.json"))

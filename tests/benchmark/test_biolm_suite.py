@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import statistics
 from pathlib import Path
 
@@ -223,8 +224,8 @@ def test_hoc_cell_reports_blues_abstract_level_f(model, tmp_path, capsys):
     """bio-lm reports HoC with BLUE's abstract-level F (paper 004 §3), not BLURB's micro F1: the HoC cell's score is
     `evaluate hoc --metric blue` on the run's test predictions, and the cell records that command."""
     fixture = ROOT / "tests" / "fixtures" / "blurb" / "HoC" / "test.tsv"
-    data = tmp_path / "HoC"
-    data.mkdir()
+    data = tmp_path / "my data" / "HoC"  # a space: the recorded command must still paste into a shell
+    data.mkdir(parents=True)
     for name in ("train.tsv", "dev.tsv", "test.tsv"):  # 7 sentences of 2 abstracts: --max-examples 8 keeps them all
         (data / name).write_text(fixture.read_text(encoding="utf-8"), encoding="utf-8")
     rmap = tmp_path / "map.yaml"
@@ -237,9 +238,10 @@ def test_hoc_cell_reports_blues_abstract_level_f(model, tmp_path, capsys):
     evaluation = cell["evaluation"]
     assert evaluation["command"].startswith("bio-megatron evaluate hoc --gold ")
     assert evaluation["command"].endswith(" --metric blue"), evaluation
-    gold, pred = evaluation["command"].split(" --gold ")[1].split(" --metric ")[0].split(" --pred ")
+    argv = shlex.split(evaluation["command"])  # as a shell reads the line
+    assert argv[:5] == ["bio-megatron", "evaluate", "hoc", "--gold", str(data / "test.tsv")], argv
     capsys.readouterr()
-    assert main(["evaluate", "hoc", "--gold", gold, "--pred", pred, "--metric", "blue"]) == 0
+    assert main(argv[1:]) == 0
     blue = json.loads(capsys.readouterr().out)
     assert cell["scores"]["score"] == pytest.approx(100 * blue["score"], abs=1e-9)
     assert "F1 (abstract, BLUE)" in (out / "results.md").read_text()
