@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -162,7 +163,7 @@ def demo(out: Path, steps: int, nproc: int) -> int:
         _remove_earlier_demo_run(run_dir)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "bio_megatron", "pretrain", "--config", str(recipe), *overrides]
-    log.info("launching: %s", " ".join(cmd))
+    log.info("launching: %s", shlex.join(cmd))  # quoted: the line pastes into a shell
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     rc = subprocess.call(cmd, env=env)
     if rc != 0:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 
@@ -30,19 +32,28 @@ def test_restore_model_weights_only_at_another_layout(pubmed_prefix, tmp_path):
 
 @pytest.mark.slow
 def test_demo_runs_under_torchrun(tmp_path):
+    """The demo's real torchrun path; it states its unigram baselines and compares its final validation loss with
+    the held-out one in its summary; the launch line it logs pastes into a shell (its folder has a space)."""
+    out = tmp_path / "my demo"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, "-m", "bio_megatron", "demo", "--out", str(tmp_path), "--steps", "30"],
+    p = subprocess.run([sys.executable, "-m", "bio_megatron", "demo", "--out", str(out), "--steps", "30"],
                        capture_output=True, text=True, env=env, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "MLM loss" in p.stdout and "checkpoint    30" in p.stdout
-    recs = [json.loads(x) for x in (tmp_path / "tiny_tp2" / "metrics.jsonl").read_text().splitlines()]
+    assert "unigram baselines: " in p.stderr and re.search(r"learned +final val loss [0-9.]+ (<|>=) unigram "
+                                                           r"baseline [0-9.]+ \((below|not below)", p.stdout), p.stdout
+    (launch,) = [ln.split("launching: ", 1)[1] for ln in p.stderr.splitlines() if "launching: " in ln]
+    words = shlex.split(launch)
+    assert words[:4] == [sys.executable, "-m", "torch.distributed.run", "--standalone"], words
+    assert f"exp_manager.exp_dir={out}" in words, words
+    recs = [json.loads(x) for x in (out / "tiny_tp2" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in recs if "loss" in r]
     assert {"step", "loss", "lr", "grad_norm", "tokens_per_sec"} <= set(steps[0])
     assert steps[-1]["loss"] < steps[0]["loss"]
-    meta = json.loads((tmp_path / "tiny_tp2" / "checkpoints" / "iter_0000030" / "bio_megatron.json").read_text())
+    meta = json.loads((out / "tiny_tp2" / "checkpoints" / "iter_0000030" / "bio_megatron.json").read_text())
     assert meta["layout"]["tp"] == 2
-    assert (tmp_path / "tiny_tp2" / "checkpoints" / "iter_0000030" / "vocab.txt").exists()
-    assert list((tmp_path / "tiny_tp2" / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "tiny_tp2" / "checkpoints" / "iter_0000030" / "vocab.txt").exists()
+    assert list((out / "tiny_tp2" / "tensorboard").glob("events.out.tfevents.*"))
 
 
 def test_blended_prefixes_train(pubmed_prefix, tmp_path):
