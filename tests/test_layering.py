@@ -30,11 +30,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("corpus", ("corpus",)),                                         # reads corpora, encodes with a vocab
     ("engine parts", ("models", "data", "vocab.train", "vocab.stats")),  # vocab building reads corpora
     ("families", ("families",)),                                     # encoder families: HF names, models built
-    ("hf reader", ("formats.hf.read",)),                             # an HF folder's heads and weights, read
     ("training", ("training",)),
-    ("sources", ("formats.source",)),                                # what a path holds (checkpoint, HF, foreign)
-    ("loading", ("loading",)),
-    ("formats", ("formats",)),                                       # ours at TP1, HF writer, Megatron-LM, NeMo
+    ("formats", ("formats",)),                                       # sources, models filled at TP1, every format
+    ("loading", ("loading",)),                                       # a distillation teacher
     ("tasks", ("tasks",)),
     ("predict", ("predict",)),
     ("tools", ("bench", "benchmark", "demo", "report")),

@@ -71,7 +71,7 @@ class Family(Protocol):
 
     def task_encoder(self, m: ModelConfig, padded_vocab: int, config: TransformerConfig, pre_process: bool,
                      post_process: bool) -> tuple[nn.Module | None, nn.Module]:
-        """(embedding, encoder block) of this pipeline stage of a fine-tuning model (``loading.model.TaskModel``):
+        """(embedding, encoder block) of this pipeline stage of a fine-tuning model (``families.task.TaskModel``):
         the embedding (None unless ``pre_process``) is called as ``embedding(input_ids=, position_ids=,
         tokentype_ids=)`` and returns ``[s, b, h]``; the block as ``block(hidden_states=, attention_mask=)``, with
         ``set_input_tensor`` for pipeline stages. Parameter names must be the pretraining model's, so that its
@@ -113,7 +113,7 @@ class Family(Protocol):
     """(task model tensor, pretraining model tensor) pairs, full (TP1) names: what a fine-tuning model's head starts
     from when ``finetune`` restores a pretraining model (our checkpoint at any layout, or an HF pretraining folder)
     rather than a checkpoint of its own task, as transformers' ``<Family>For<Task>.from_pretrained`` of a masked-LM
-    folder takes the tensors both classes name alike (``loading.model.load_into``). Empty: the whole head starts
+    folder takes the tensors both classes name alike (``formats.fill.load_into``). Empty: the whole head starts
     fresh, as every family's HF task classes but ModernBERT's do."""
 
 

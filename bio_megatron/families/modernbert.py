@@ -36,7 +36,7 @@ and norm from the MLM head's and only the classifier fresh, as transformers' ``f
 HF's ``classifier_dropout`` is the head's dropout: the task block's ``fc_dropout`` at import
 (:meth:`ModernBertFamily.hf_head_settings`) and back at export (:meth:`ModernBertFamily.hf_config`).
 Sequence classification pools the [CLS] position (``classifier_pooling: cls``) or averages the real tokens
-(``mean``): ``model.classifier_head.pooling`` both ways (``loading.model.TaskModel`` hands that head the padding mask).
+(``mean``): ``model.classifier_head.pooling`` both ways (``families.task.TaskModel`` hands that head the padding mask).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 that every ``import ... --verify`` runs. :func:`write_ours` is the one writer: every importer (``import hf``,
 ``import megatron-lm``, ``import nemo``) reads its format into a ``ModelState`` and saves it through it.
 
-A fine-tuned model's encoder + head load through :func:`bio_megatron.loading.finetuned.load_finetuned`.
+A fine-tuned model's encoder + head load through :func:`bio_megatron.formats.finetuned.load_finetuned`.
 """
 
 from __future__ import annotations
@@ -80,10 +80,11 @@ def read_ours(checkpoint: str | Path, default_labels: Sequence[str] | None = Non
               accept: Callable[[Source], None] | None = None) -> ModelState:
     """Our checkpoint ``checkpoint`` (pretraining or fine-tuned; directory, its checkpoints folder or run dir; any
     saved layout) as a :class:`ModelState`, resharded into this one-process TP1 world. ``default_labels``: as
-    :func:`~bio_megatron.loading.finetuned.load_finetuned` (a classify model without ``label_ids.csv``).
+    :func:`~bio_megatron.formats.finetuned.load_finetuned` (a classify model without ``label_ids.csv``).
     ``accept(src)``: a writer's refusal (CheckpointError) of what it cannot hold, run before any weight is read.
     CheckpointError for anything that is not a checkpoint of ours, before a process group exists."""
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.models.hf_convert import normalise
 
     src = resolve_source(checkpoint)
@@ -159,7 +160,7 @@ def saved_vocab_name(vocab_file: str | Path) -> str:
 def stack_nested_layers(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``<p>encoder.layers.<i>.x`` of a nested encoder (``p`` not empty: ELECTRA's ``generator.``) -> one
     ``<p>encoder.layers.x`` stacked over i: the key dist-checkpointing gives such layers, which
-    :func:`~bio_megatron.loading.model.load_full_state` then finds as it is (it stacks the top-level
+    :func:`~bio_megatron.formats.fill.load_full_state` then finds as it is (it stacks the top-level
     ``encoder.layers.<i>`` itself)."""
     out, stacks = {}, {}
     for k, v in full.items():
@@ -193,8 +194,9 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
     from bio_megatron.config.pretrain import PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.families import family_named
-    from bio_megatron.loading.finetuned import single_process
-    from bio_megatron.loading.model import build_task_model, load_full_state
+    from bio_megatron.parallel.distributed import single_process
+    from bio_megatron.families.task import build_task_model
+    from bio_megatron.formats.fill import load_full_state
     from bio_megatron.models.heads import build_head
     from bio_megatron.models.init import init_weights
     from bio_megatron.training.checkpoint import save_model_checkpoint

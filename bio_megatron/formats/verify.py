@@ -75,7 +75,7 @@ def load_pretraining(checkpoint: str | Path):
     as a TP1 model in eval mode: (model, ModelConfig, tokenizer). Unlike ``export megatron-lm`` / ``nemo`` it admits
     every family ``import hf`` writes: verification of a post-LN BERT or a RoBERTa import reads it back here."""
     from bio_megatron.formats.ours import read_pretraining
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.formats.source import resolve_source
 
     single_process()

@@ -1,3 +1,3 @@
-"""Model loading: find what a path holds (:mod:`.source`: our checkpoints, Hugging Face folders, ``.nemo`` and
-Megatron-LM sources via :mod:`.foreign`) and build / fill encoder + head from it (:mod:`.model`, :mod:`.hf`,
-:mod:`.finetuned`). Below ``tasks``, ``predict`` and the converters; see docs/ARCHITECTURE.md."""
+"""What loads above the formats: a distillation teacher (:mod:`.teacher`) and, under their old names for ``predict``,
+the fine-tuned model loader (:mod:`.finetuned`, re-exported from :mod:`bio_megatron.formats.finetuned`). Below
+``tasks``; see docs/ARCHITECTURE.md."""

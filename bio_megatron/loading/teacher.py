@@ -26,7 +26,8 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_named
 from bio_megatron.formats.hf.read import read_hf_state
 from bio_megatron.formats.source import apply_source_shape, resolve_source
-from bio_megatron.loading.model import build_task_model, load_full_state, load_into, task_padded_vocab
+from bio_megatron.families.task import build_task_model
+from bio_megatron.formats.fill import load_full_state, load_into, task_padded_vocab
 from bio_megatron.models.bert import dtype_name, precision_dtype
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training.distill_memory import check_distill_fits

@@ -213,7 +213,7 @@ def albert_encoder_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
 
 def albert_task_encoder(m: ModelConfig, padded_vocab: int, dtype: torch.dtype, pre_process: bool,
                         post_process: bool) -> tuple[nn.Module | None, AlbertBlock]:
-    """(embedding, encoder) of a fine-tuning model (``loading.model.TaskModel``) under the pretraining model's
+    """(embedding, encoder) of a fine-tuning model (``families.task.TaskModel``) under the pretraining model's
     names (``embedding.*``, ``encoder.*``): its checkpoint's shards load into it directly. PP is 1."""
     if not (pre_process and post_process):
         raise ConfigError("model.family albert needs model.pipeline_model_parallel_size=1")

@@ -110,6 +110,13 @@ def init_model_parallel(tp: int, pp: int, seed: int) -> None:
     model_parallel_cuda_manual_seed(stage_seed)
 
 
+def single_process() -> None:
+    """A one-process gloo/NCCL world with TP1/PP1: dist-checkpointing reshards any saved layout into it (the
+    readers and writers of checkpoints at TP1: ``formats/``, ``predict``)."""
+    init_distributed(resolve_world({}))
+    init_model_parallel(1, 1, seed=0)
+
+
 def teardown() -> None:
     from megatron.core import parallel_state as ps
 

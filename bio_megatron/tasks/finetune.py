@@ -25,7 +25,8 @@ from megatron.core import parallel_state as ps
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.config.loader import to_dict
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
-from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
+from bio_megatron.families.task import build_task_model
+from bio_megatron.formats.fill import load_into, task_padded_vocab
 from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
 from bio_megatron.tasks.distill import check_teacher, with_teacher

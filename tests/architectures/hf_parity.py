@@ -136,7 +136,8 @@ def encoder_hidden_diff(path: str, ids, amask, types, theirs) -> float:
     from torch import nn
 
     from bio_megatron.config.finetune import NerModelConfig
-    from bio_megatron.loading.model import build_task_model, load_into
+    from bio_megatron.families.task import build_task_model
+    from bio_megatron.formats.fill import load_into
     from bio_megatron.formats.source import apply_source_shape, resolve_source
 
     src = resolve_source(path)
@@ -155,7 +156,7 @@ def export_finetuned(ckpt: str, out: str) -> dict:
     from transformers import AutoTokenizer, BertForTokenClassification
 
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
     tok = AutoTokenizer.from_pretrained(out)

@@ -115,7 +115,8 @@ def _finetuning_encoder_vs_discriminator(ckpt: str) -> dict:
     from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.models.electra import build_electra_model
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
-    from bio_megatron.loading.model import build_task_model, load_into, task_padded_vocab
+    from bio_megatron.families.task import build_task_model
+    from bio_megatron.formats.fill import load_into, task_padded_vocab
     from bio_megatron.formats.source import apply_source_shape, resolve_source
     from bio_megatron.training.checkpoint import load_checkpoint
 

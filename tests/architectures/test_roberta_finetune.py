@@ -173,7 +173,7 @@ def _logits_vs_transformers(ckpt: str, out: str, task: str, inputs: list) -> dic
 
     from bio_megatron.evaluation.conlleval import chunks
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
     from bio_megatron.predict.ner import predict_entities
 
     info = export_hf(ckpt, out)

@@ -222,7 +222,7 @@ def _export_finetuned_ner(ckpt: str, out: str, text_file: str, pred: str) -> dic
 
     from bio_megatron.cli import main
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     rc = main(["predict", "ner", "--checkpoint", ckpt, "--input", text_file, "--out", pred])
     info = export_hf(ckpt, out)
@@ -308,7 +308,7 @@ def _layer_depths_of_albert(ckpt: str) -> str:
     from torch import nn
 
     from bio_megatron.config.finetune import NerModelConfig
-    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.families.task import build_task_model
     from bio_megatron.formats.source import apply_source_shape, resolve_source
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.training.optimizer import layer_depths

@@ -1,5 +1,5 @@
 """Each family's ``encoder_parameter_count`` (what ``finetune --dry-run`` prints as ``parameters_encoder``) equals the
-parameters of the encoder a fine-tuning model is built with (``loading.model.build_task_model`` with a head that has
+parameters of the encoder a fine-tuning model is built with (``families.task.build_task_model`` with a head that has
 none), for every tiny pretraining recipe: Megatron BERT, post-LN BERT, RoBERTa, ELECTRA's discriminator, ALBERT's
 factorised embedding and shared layer, ModernBERT. The dry run used BERT's formula for all of them."""
 
@@ -19,7 +19,7 @@ def _counted_and_built(vocab: int) -> dict[str, tuple[int, int]]:
     from bio_megatron.config.pretrain import load_pretrain_config
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.families import family_of_model
-    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.families.task import build_task_model
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 
     init_distributed()

@@ -171,7 +171,7 @@ def _predict_and_export(task: str, ckpt: str, text_file: str, pred: str, out: st
     from bio_megatron.cli import main
     from bio_megatron.cli.convert import classify_dataset
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     rc = main(["predict", task, "--checkpoint", ckpt, "--input", text_file, "--out", pred]) if task != "re" else None
     info = export_hf(ckpt, out, classify_dataset=classify_dataset)  # what export hf hands down
@@ -264,7 +264,7 @@ def _heads_at_step_zero(sources: dict[str, str], exp_dir: str, *extra: str) -> d
     from megatron.core import parallel_state as ps
 
     from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.families.task import build_task_model
     from bio_megatron.tasks.finetune import setup
 
     os.chdir(ROOT)

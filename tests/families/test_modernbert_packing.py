@@ -36,7 +36,7 @@ def _packed_vs_unpacked(name: str, *extra: str) -> dict:
 
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.config.sizes import padded_vocab_size
-    from bio_megatron.loading.model import build_task_model
+    from bio_megatron.families.task import build_task_model
     from bio_megatron.models.init import init_weights
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.tasks.packing import model_inputs, pack

@@ -132,7 +132,7 @@ def _predict_and_export(ckpt: str, text_file: str, pred: str, out: str) -> dict:
 
     from bio_megatron.cli import main
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     rc = main(["predict", "ner", "--checkpoint", ckpt, "--input", text_file, "--out", pred])
     info = export_hf(ckpt, out)

@@ -16,7 +16,7 @@ TRAIN = ["trainer.max_steps=6", "model.head.num_fc_layers=1", "model.dataset.max
 def _our_logits(ckpt: str, ids, mask):
     import torch
 
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     loaded = load_finetuned(ckpt)
     with torch.no_grad():

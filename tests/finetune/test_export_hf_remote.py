@@ -61,7 +61,7 @@ def _check(task: str, ckpt: str, out: str, back: str, again: str) -> dict:
 
     from bio_megatron.formats.hf import modeling as hf_modeling
     from bio_megatron.formats.hf.convert import export_hf, import_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
     ours_model = load_finetuned(ckpt).model

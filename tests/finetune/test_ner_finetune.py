@@ -45,7 +45,9 @@ def _learn_and_predict(over: list[str]) -> dict:
     """Fine-tune, then run ``predict ner`` on dev sentences written as plain text (reloading the best checkpoint)."""
     from ft_runs import ROOT
 
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict.ner import predict_entities
     from bio_megatron.tasks.ner_data import read_iob
 

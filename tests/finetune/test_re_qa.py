@@ -18,7 +18,7 @@ def _export_compare(task: str, ckpt: str, out: str) -> dict:
     import transformers
 
     from bio_megatron.formats.hf.convert import export_hf
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     info = export_hf(ckpt, out)
     loaded = load_finetuned(ckpt)

@@ -133,7 +133,7 @@ def test_names_and_config_are_nemos(ours, tmp_path):
 
 def _ner_roundtrip(ckpt: str, root: str) -> dict:
     from bio_megatron.formats.nemo.convert import export_nemo, import_nemo
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
     from bio_megatron.predict.ner import predict_entities
 
     root_p = Path(root)

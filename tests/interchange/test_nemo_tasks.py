@@ -77,7 +77,7 @@ def _weights_equal(a, b) -> list[str]:
 
 def _roundtrip(task: str, ckpt: str, root: str, tp: int, pp: int) -> dict:
     from bio_megatron.formats.nemo.convert import export_nemo, import_nemo
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     root_p = Path(root)
     summary = export_nemo(ckpt, root_p / f"{task}.nemo", tp=tp, pp=pp)

@@ -80,7 +80,8 @@ def test_import_nemo_verify(archive):
 
 
 def _predict_from(nemo: str, ckpt: str) -> dict:
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict.ner import predict_entities
 
     single_process()
@@ -123,7 +124,7 @@ def _megatron_lm_source(root: str) -> dict:
     from bio_megatron.formats.megatron_lm.state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.formats.source import resolve_source
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 

@@ -34,7 +34,7 @@ def _write_source(root: str) -> int:
     from bio_megatron.formats.megatron_lm.state import mcore_to_legacy_shards
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.init import init_weights
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
     single_process()

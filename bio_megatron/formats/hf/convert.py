@@ -65,7 +65,8 @@ from bio_megatron.formats.hf.read import CLASS_TASK, REMOTE_CLASS, read_hf_state
 from bio_megatron.formats.ours import pretraining_config, read_ours, write_ours
 from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
 from bio_megatron.formats.state import ModelState, unpadded
-from bio_megatron.loading.finetuned import load_finetuned, single_process
+from bio_megatron.formats.finetuned import load_finetuned
+from bio_megatron.parallel.distributed import single_process
 from bio_megatron.utils.errors import CheckpointError, ConfigError
 from bio_megatron.utils.io import atomic_path, check_output_dir, load_json
 from bio_megatron.utils.log import get_logger

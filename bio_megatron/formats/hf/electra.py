@@ -168,7 +168,7 @@ def verify_electra_import(disc_dir: str | Path, gen_dir: str | Path | None, chec
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     from bio_megatron.formats.verify import FP32_TOLERANCE, verify_import
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.formats.source import resolve_source
 
     _check_verifiable(Path(disc_dir), load_json(Path(disc_dir) / "config.json"))

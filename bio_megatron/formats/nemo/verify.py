@@ -48,7 +48,7 @@ def _encoder_reference(state: ModelState) -> nn.Module:
 def verify_nemo_import(state: ModelState, checkpoint: str | Path, tolerance: float | None = None) -> dict:
     """The report of :func:`~bio_megatron.formats.verify.verify_import` for an archive read by ``read_nemo``
     (``state``: before our engine saw it) and the checkpoint ``import nemo`` wrote from it."""
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
 
     single_process()  # our side loads the checkpoint at TP1
     vocab = state.vocab_size
@@ -64,7 +64,7 @@ def verify_nemo_import(state: ModelState, checkpoint: str | Path, tolerance: flo
                                  max_position_embeddings=m.max_position_embeddings)
         return verify_import(reference, checkpoint, tolerance=tolerance, source=label + "MegatronBertForPreTraining")
 
-    from bio_megatron.loading.finetuned import load_finetuned
+    from bio_megatron.formats.finetuned import load_finetuned
 
     loaded = load_finetuned(checkpoint)
     head = loaded.model.head
