@@ -356,6 +356,13 @@ def _encoder(d: NemoDoc, task: str) -> None:
         if name not in KNOWN_MODELS:
             d.problems.append(f"model.language_model.pretrained_model_name ({name!r}) must be one of "
                               f"{', '.join(KNOWN_MODELS)} (or give the shape with model.num_layers, hidden_size, ...)")
+        elif d.out.get("model.restore_from_path") is not None:
+            # The weights loaded decide the shape (formats/source.apply_source_shape): the name's shape set here
+            # would outrank a checkpoint that records only its `size` (bert-base's 12 x 768 over a 345m or tiny run),
+            # and the load fail on the first tensor after start-up.
+            d.flat.setdefault("__model_name", name)
+            d.ignored["model.language_model.pretrained_model_name"] = (
+                f"the encoder's shape and weights come from model.restore_from_path, not from {name}")
         else:
             for k, v in KNOWN_MODELS[name][2].items():
                 d.set(f"model.{k}", v, "model.language_model.pretrained_model_name")

@@ -182,6 +182,36 @@ def test_restore_from_path_of_another_shape_is_refused(source, pubmed_prefix, tm
     assert "cannot restore from checkpoint" in line and "model.hidden_size is 128" in line, line
 
 
+def test_a_nemo_config_restoring_a_checkpoint_takes_its_shape(source, tmp_path, capsys):
+    """NeMo 1.x's token_classification_config names bert-base-uncased; a NeMo user fine-tunes their own pretraining
+    run with it (``model.restore_from_path``, a checkpoint recording only ``size: tiny``). The run builds the
+    checkpoint's shape, not the name's 12 x 768 (the dry run showed 12 x 768 "from model.restore_from_path" and the
+    run died at the load: "Global shape mismatch ... (12, 768)"), and says the name has no effect."""
+    import logging
+
+    from bio_megatron.cli import main
+    from reliability.cli_log import project_records
+
+    src, _ = source
+    data = tmp_path / "ner"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"text_{split}.txt").write_text("Aspirin lowers fever .\nNo drug here .\n")
+        (data / f"labels_{split}.txt").write_text("B-Chemical O O O\nO O O O\n")
+    nemo = Path(__file__).resolve().parents[1] / "fixtures" / "nemo_configs" / "v1"
+    capsys.readouterr()
+    with project_records(logging.WARNING) as records:
+        rc = main(["finetune", "ner", "--config", str(nemo / "token_classification_config.v1.0.0.yaml"), "--dry-run",
+                   "trainer.gpus=0", f"model.dataset.data_dir={data}", f"model.restore_from_path={src / 'checkpoints'}",
+                   "model.dataset.max_seq_length=64", f"exp_manager.exp_dir={tmp_path / 'runs'}"])
+    messages = "\n".join(r.getMessage() for r in records)
+    assert rc == 0, messages
+    shape = json.loads(capsys.readouterr().out)["model_shape"]
+    assert (shape["size"], shape["num_layers"], shape["hidden_size"]) == ("tiny", 4, 64), shape
+    assert "model.language_model.pretrained_model_name: the encoder's shape and weights come from " \
+           "model.restore_from_path" in messages, messages
+
+
 def test_checkpoint_without_manifest_is_never_reblessed(source, pubmed_prefix, tmp_path):
     run, vocab = _copy_run(source, tmp_path)
     old = run / "checkpoints" / "iter_0000002"
