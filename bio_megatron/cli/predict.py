@@ -75,7 +75,8 @@ def _lean_start() -> None:
 
 
 def _load(path: str, task: str):
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
 
     single_process()
     return load_finetuned(path, task)  # refuses a model of another task, naming both
@@ -86,7 +87,7 @@ def run_ner(args: argparse.Namespace) -> int:
 
     stream.start_worker_server(args.workers)  # the workers' imports run beside ours, not after them
     _lean_start()
-    from bio_megatron.loading.finetuned import finetuned_source
+    from bio_megatron.formats.finetuned import finetuned_source
     from bio_megatron.parallel.distributed import teardown
     from bio_megatron.predict.ner import predict_window, read_documents, sentence_count
     from bio_megatron.utils.io import check_output_file, check_output_path
@@ -174,7 +175,7 @@ def _check_out(args: argparse.Namespace) -> None:
 
 def _predict_and_write(args: argparse.Namespace, predictions: Callable[[], list[dict]]) -> int:
     """``predictions()`` in a one-process world (torn down after), written as JSON lines to ``--out`` or stdout."""
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.parallel.distributed import teardown
 
     try:

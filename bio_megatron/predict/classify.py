@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetuned
+from bio_megatron.formats.finetuned import Loaded, finetuned_source, load_finetuned
 from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.classify import ClassifyTask
 from bio_megatron.tasks.classify_data import ClassifyExample, dataset, encode

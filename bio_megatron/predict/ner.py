@@ -17,7 +17,7 @@ from typing import Iterable, Iterator
 import torch
 
 from bio_megatron.evaluation.conlleval import chunks
-from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.formats.finetuned import Loaded
 from bio_megatron.predict.inputs import json_lines, text_lines
 from bio_megatron.tasks.ner import NerTask
 from bio_megatron.tasks.ner_data import Sentence, encode_sentences, word_predictions

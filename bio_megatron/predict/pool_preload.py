@@ -25,6 +25,6 @@ logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 import_megatron_core()  # before the loader below imports megatron-core the long way
 
-import bio_megatron.loading.finetuned  # noqa: E402,F401  the worker's loader, model and tokenizers
+import bio_megatron.formats.finetuned  # noqa: E402,F401  the worker's loader, model and tokenizers
 import bio_megatron.parallel.distributed  # noqa: E402,F401  its one-process world
 import bio_megatron.predict.ner  # noqa: E402,F401  what it runs on each window

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.loading.finetuned import Loaded
+from bio_megatron.formats.finetuned import Loaded
 from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.qa import QaTask
 from bio_megatron.tasks.qa_data import QAExample, build_features, postprocess, read_squad

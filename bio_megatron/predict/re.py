@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bio_megatron.loading.finetuned import Loaded, finetuned_source, load_finetuned
+from bio_megatron.formats.finetuned import Loaded, finetuned_source, load_finetuned
 from bio_megatron.predict.inputs import json_lines
 from bio_megatron.tasks.re import label_set
 from bio_megatron.tasks.re_data import RelationExample, read_relations

@@ -15,7 +15,8 @@ NER_DEV = ROOT / "tests" / "fixtures" / "finetune" / "bc5cdr_chem_devel_head.tsv
 def _compare(tmp: str) -> dict:
     from bio_megatron.bench.hf_models import task_folder
     from bio_megatron.corpus.iob import read_iob
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict.ner import predict_documents, predict_entities
 
     folder, _ = task_folder(None, "token", ["O", "B-Chemical", "I-Chemical"], Path(tmp))

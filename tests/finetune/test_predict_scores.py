@@ -89,7 +89,7 @@ def _sigmoids(ckpt: str, gold: str) -> list[tuple[str, list[float]]]:
     """Each example alone through our model (no padding): (id, sigmoid of every label's logit)."""
     import torch
 
-    from bio_megatron.loading.finetuned import single_process
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict.classify import load_classifier, read_examples
     from bio_megatron.tasks.classify_data import encode
 

@@ -48,7 +48,8 @@ def _documents() -> list[str]:
 
 def _reference(model: str, docs_file: str) -> list[dict]:
     """Today's one-shot output: every document through ``predict_documents`` in one call."""
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict.ner import predict_documents, read_documents
 
     single_process()
@@ -166,7 +167,8 @@ def test_a_partial_file_that_is_not_ours_is_refused_and_kept(corpus, tmp_path):
 
 def _pull_ahead(model: str, workers: int) -> dict:
     """How many documents a streamed run has pulled from its input when its first windows come out."""
-    from bio_megatron.loading.finetuned import load_finetuned, single_process
+    from bio_megatron.formats.finetuned import load_finetuned
+    from bio_megatron.parallel.distributed import single_process
     from bio_megatron.predict import stream
     from bio_megatron.predict.ner import predict_window, sentence_count
 
