@@ -263,6 +263,7 @@ def test_finetuning_resume_with_another_lr_is_refused(tmp_path):
     text = str(info.value)
     assert "CheckpointError: cannot resume from checkpoint" in text and "model.optim.lr is 0.123" in text, text
     assert "exp_manager.resume_if_exists=false" in text, text
+    assert "model.optim.sched.override_opt_param_scheduler=true" in text, text  # the key that takes the new LR
     assert tree_digest(resume) == before
 
 
