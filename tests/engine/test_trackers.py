@@ -89,3 +89,19 @@ def test_dry_run_checks_the_logger_keys_too(pubmed_prefix, tmp_path, capsys):
                        "+exp_manager.mlflow_logger_kwargs={tracking: x}", "--dry-run"])
     assert rc == 2 and "exp_manager.mlflow_logger_kwargs: unknown key(s) tracking" in msg, msg
     assert capsys.readouterr().out == "" and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("package, key", [("wandb", "create_wandb_logger"), ("mlflow", "create_mlflow_logger")])
+def test_a_logger_whose_package_is_missing_is_one_line_naming_the_extra(package, key, pubmed_prefix, tmp_path,
+                                                                       capsys, monkeypatch):
+    """The trackers are optional extras: where the package is not installed (importlib finds no such module, as
+    ``sys.modules[name] = None`` makes it), the dry run stops in one line naming the extra, exit 2, nothing written."""
+    from reliability.cli_log import run_cli
+
+    monkeypatch.setitem(sys.modules, package, None)
+    assert importlib.util.find_spec(package) is None
+    rc, msg = run_cli(["pretrain", "--config", str(TINY), f"model.data.data_prefix=[1.0,{pubmed_prefix}]",
+                       f"exp_manager.exp_dir={tmp_path}", f"exp_manager.{key}=true", "--dry-run"])
+    assert rc == 2 and f"exp_manager.{key} is true but the {package} package is not installed: " \
+        f"pip install 'bio-megatron[{package}]'" in msg, msg
+    assert capsys.readouterr().out == "" and list(tmp_path.iterdir()) == []
