@@ -212,6 +212,8 @@ def read_nemo_tsv(path: str | Path, labels: Sequence[str] = CHEMPROT_LABELS) -> 
             if not line.strip():
                 continue
             fields = line.rstrip("\r\n").split("\t")
+            if lineno == 1 and [f.strip().lower() for f in fields] == ["sentence", "label"]:
+                continue  # NeMo's header: its TextClassificationDataset drops line 1, its import scripts write this
             if len(fields) != 2 or not fields[1].strip().isdigit():
                 raise DataError("expected 'sentence<TAB>int_label'", str(path), lineno)
             idx = int(fields[1])

@@ -111,3 +111,10 @@ def test_nemo_tsv_round_trip_and_errors(tmp_path):
     (tmp_path / "bad.tsv").write_text("a sentence\t7\n")
     with pytest.raises(DataError, match=r"bad\.tsv:1: label id 7"):
         read_nemo_tsv(tmp_path / "bad.tsv")
+    # NeMo's own files open with the header its import scripts write (its reader drops line 1): read past it, and
+    # only there (a header-like line later is still a bad line)
+    (tmp_path / "nemo.tsv").write_text("sentence\tlabel\n" + (tmp_path / "dev.tsv").read_text())
+    assert [(e.sentence, e.label) for e in read_nemo_tsv(tmp_path / "nemo.tsv")] == [(e.sentence, e.label) for e in back]
+    (tmp_path / "late.tsv").write_text("a sentence\t0\nsentence\tlabel\n")
+    with pytest.raises(DataError, match=r"late\.tsv:2: expected 'sentence<TAB>int_label'"):
+        read_nemo_tsv(tmp_path / "late.tsv")
