@@ -264,3 +264,34 @@ def test_bertlm_pretraining_config_is_refused_in_one_line(path, capsys):
     problems = errors[0].splitlines()[1:]
     assert len(problems) == 1 and "BERTLMModel" in problems[0] and "megatron_bert_config.yaml" in problems[0]
     assert "bio-megatron data tokenize" in problems[0]
+
+
+@pytest.fixture(scope="module")
+def restore(pubmed_prefix, tmp_path_factory) -> Path:
+    """A NeMo user's own pretraining run to fine-tune from: the tiny shape with 512 positions (NeMo's fine-tuning
+    configs use 128-384), recording only ``size: tiny`` as our recipes' runs do."""
+    from harness import run_world
+
+    from engine.pretrain_runs import overrides, pretrain_rank
+
+    root = tmp_path_factory.mktemp("nemo_restore")
+    run_world(1, pretrain_rank, overrides(pubmed_prefix, root, "own", steps=1, save_last=True,
+                                          extra=("model.max_position_embeddings=512",)))
+    return root / "own" / "checkpoints"
+
+
+@pytest.mark.extended  # ~5 s per file, 24 files: the dry runs above are the default suite's check of every file
+@pytest.mark.parametrize("path", [p for p in FILES if TASK[p.name.split(".")[0]] != "pretrain"],
+                         ids=lambda p: p.name if p.parent.name == "v1" else f"2.4/{p.name}")
+def test_every_release_finetuning_config_trains_as_it_is(path, data, restore, tmp_path):
+    """Each fine-tuning config of every release trains, not only dry-runs: the overrides a NeMo user gives (data,
+    one device), their own pretrained checkpoint (``model.restore_from_path``) and a 2-step length. With
+    ``pretrained_model_name: bert-base-uncased`` the run built 12 x 768 over the tiny checkpoint and died loading it."""
+    task = TASK[path.name.split(".")[0]]
+    cli = _user_overrides(task, _flat(path), data, Path("/unused"))
+    ran = cli_forked(["finetune", task, "--config", str(path), *cli, f"model.restore_from_path={restore}",
+                      "trainer.max_steps=2", f"exp_manager.exp_dir={tmp_path}", "exp_manager.name=run"], timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "Traceback" not in ran.stderr
+    results = list(tmp_path.glob("run/**/results.json"))
+    assert results, sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))[:40]
