@@ -3,7 +3,8 @@
 real ``torch.compile`` on their first call, ``torch.compile`` and ``wandb`` are themselves again afterwards.
 
 The import is checked in a fresh interpreter (this test process has megatron-core loaded already); the deferral
-itself in-process, with the ``eager`` backend (Inductor would spend its C++ compile here).
+itself in a forked child, with a recording backend (Inductor would spend its C++ compile here; compiling in the test
+process would leave TorchDynamo's state there, after which a backward pass in it poisons every later forked world).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import subprocess
 import sys
 
 import torch
+from harness import run_world
 
 PROBE = r"""
 import importlib.util, json, sys
@@ -51,7 +53,7 @@ def test_megatron_core_imports_without_inductor_and_wandb_and_leaves_both_usable
         assert got["wandb_after"] == "wandb", got
 
 
-def test_a_deferred_helper_compiles_on_first_call_with_the_given_options():
+def _deferred_helper_compiles() -> bool:
     from bio_megatron.parallel.lean_import import deferred_compile
 
     graphs = []
@@ -75,3 +77,10 @@ def test_a_deferred_helper_compiles_on_first_call_with_the_given_options():
     assert len(graphs) == 1  # ... and reused after that
     module = torch.nn.Linear(2, 2)  # anything but a function is compiled at once, as torch.compile does
     assert type(deferred_compile(module, backend="eager")) is type(torch.compile(module, backend="eager"))
+    return True
+
+
+def test_a_deferred_helper_compiles_on_first_call_with_the_given_options():
+    # in a forked child: compiling in the test process would load TorchDynamo there, after which a backward pass in
+    # this process (tests/distill's loss tests) marks every later forked world 'unable to handle autograd's threading'
+    assert run_world(1, _deferred_helper_compiles) == [True]
