@@ -63,7 +63,9 @@ def prepare(work: Path, manifest: dict[str, Any], resume: bool, overwrite: bool)
                           "there: move it away or choose another --output-prefix")
     if work.is_dir():
         old = _manifest_of(work)
-        if old is None and next(work.iterdir(), None) is not None:  # an empty folder holds nothing to lose
+        if old is None:  # a run killed between making the folder and renaming its manifest left only temporaries
+            remove_ours(work, temporaries_only=True)
+        if old is None and work.is_dir() and next(work.iterdir(), None) is not None:  # empty: nothing to lose
             clash = [p.name for p in work.iterdir() if OUR_FILE.fullmatch(p.name)]
             if not overwrite:
                 raise OutputError(f"{work}: a folder not written by `bio-megatron data tokenize` (no manifest.json "

@@ -454,3 +454,26 @@ def test_output_behind_a_closed_folder_is_one_line(jsonl, command):
         assert os.listdir(closed) == []
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_shard_folder_holding_only_our_manifest_temporary_is_reused(tmp_path):
+    """A tokenize run SIGKILLed between making ``<prefix>.shards/`` and renaming its manifest into place left the
+    folder with only ``manifest.json.tmp-<pid>``: the rerun takes the folder as ours (it refused it as foreign, so a
+    killed run blocked its own rerun: tests/reliability/test_locks.py::test_a_killed_holder_does_not_block_a_rerun
+    failed that way in CI). A folder that also holds a file we did not write is still refused, and that file kept."""
+    from bio_megatron.corpus import shards
+    from bio_megatron.utils.errors import OutputError
+
+    manifest = {"vocab_sha256": "0" * 64, "shard_lines": 1000}
+    work = tmp_path / "p.shards"
+    work.mkdir()
+    (work / "manifest.json.tmp-4242").write_text("{\"vocab_sha", encoding="utf-8")
+    shards.prepare(work, manifest, resume=True, overwrite=False)
+    assert sorted(p.name for p in work.iterdir()) == ["manifest.json"]
+    other = tmp_path / "q.shards"
+    other.mkdir()
+    (other / "manifest.json.tmp-4242").write_text("{", encoding="utf-8")
+    (other / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(OutputError, match="not written by `bio-megatron data tokenize`"):
+        shards.prepare(other, manifest, resume=True, overwrite=False)
+    assert (other / "notes.txt").read_text(encoding="utf-8") == "mine"
