@@ -267,13 +267,11 @@ class ModelConfig:
 
     def shape(self) -> ModelShape:
         base = SIZES[self.size]
-        return ModelShape(
-            num_layers=self.num_layers or base.num_layers,
-            hidden_size=self.hidden_size or base.hidden_size,
-            num_attention_heads=self.num_attention_heads or base.num_attention_heads,
-            ffn_hidden_size=self.ffn_hidden_size or (4 * self.hidden_size if self.hidden_size else base.ffn_hidden_size),
-            status=base.status if not any((self.num_layers, self.hidden_size, self.num_attention_heads)) else "custom",
-        )
+        dims = (self.num_layers or base.num_layers, self.hidden_size or base.hidden_size,
+                self.num_attention_heads or base.num_attention_heads,
+                self.ffn_hidden_size or (4 * self.hidden_size if self.hidden_size else base.ffn_hidden_size))
+        same = dims == (base.num_layers, base.hidden_size, base.num_attention_heads, base.ffn_hidden_size)
+        return ModelShape(*dims, status=base.status if same else "custom")  # the size's own dims, spelled out: that size
 
 
 @dataclass

@@ -94,6 +94,7 @@ def resolve_source(path: str | Path) -> Source:
     # recorded in config.yaml (bio_megatron.json too) since families exist; inferred for older checkpoints
     family = family_named(meta["family"]) if meta.get("family") else family_of_model(model, vocab_file=vocab)
     shape = {k: model[k] for k in family.shape_keys if model.get(k) is not None}  # the family's shape fields
+    shape.update(_dimensions(model, family.shape_keys))
     shape["family"] = family.name
     labels = None
     if (ckpt / "label_ids.csv").is_file():
@@ -103,6 +104,18 @@ def resolve_source(path: str | Path) -> Source:
         head = {k: model[k] for k in ("head", "classifier_head", "fc_hidden_size") if k in model}
     return Source("checkpoint", ckpt, shape, vocab, labels, meta.get("task"),
                   meta.get("padded_vocab_size"), head)
+
+
+_DIMENSIONS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size")
+
+
+def _dimensions(model: dict, keys: tuple[str, ...]) -> dict:
+    """The four dimensions the saved model was built with, also those it took from its ``size`` (saved as null):
+    given explicitly, so that a config naming its own dimensions cannot outrank the checkpoint's shape."""
+    if model.get("size") is None:
+        return {}
+    built = ModelConfig(size=model["size"], **{k: model.get(k) for k in _DIMENSIONS}).shape()
+    return {k: getattr(built, k) for k in _DIMENSIONS if k in keys}
 
 
 def _resolve_hf(path: Path) -> Source:

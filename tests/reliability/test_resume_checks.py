@@ -212,6 +212,29 @@ def test_a_nemo_config_restoring_a_checkpoint_takes_its_shape(source, tmp_path, 
            "model.restore_from_path" in messages, messages
 
 
+def test_a_config_naming_its_own_dimensions_takes_the_restored_checkpoints(source, tmp_path, capsys):
+    """A fine-tuning config that spells out dimensions (``model.num_layers=2 model.hidden_size=32``) restoring a
+    checkpoint that records only ``size: tiny`` builds the checkpoint's 4 x 64 (the size's dimensions are the
+    checkpoint's shape too), not a 2 x 32 that the load would refuse."""
+    from bio_megatron.cli import main
+
+    src, _ = source
+    data = tmp_path / "ner"
+    data.mkdir()
+    for split in ("train", "devel"):
+        (data / f"{split}.tsv").write_text("Aspirin\tB-Chemical\nlowers\tO\nfever\tO\n.\tO\n\nNo\tO\ndrug\tO\n.\tO\n")
+    capsys.readouterr()
+    rc = main(["finetune", "ner", "--config", "bc5cdr_chem", "--dry-run", f"model.dataset.data_dir={data}",
+               "model.dataset.test_file=null", "model.dataset.max_seq_length=64",
+               f"model.restore_from_path={src / 'checkpoints'}",
+               "model.num_layers=2", "model.hidden_size=32", "model.num_attention_heads=2",
+               f"exp_manager.exp_dir={tmp_path / 'runs'}"])
+    assert rc == 0
+    shape = json.loads(capsys.readouterr().out)["model_shape"]
+    assert (shape["size"], shape["num_layers"], shape["hidden_size"], shape["num_attention_heads"]) == \
+        ("tiny", 4, 64, 4), shape
+
+
 def test_checkpoint_without_manifest_is_never_reblessed(source, pubmed_prefix, tmp_path):
     run, vocab = _copy_run(source, tmp_path)
     old = run / "checkpoints" / "iter_0000002"
