@@ -24,6 +24,17 @@ def _records(run_dir: Path) -> dict[int, dict]:
             if "loss" in r}
 
 
+def _checked_steps(run_dir: Path, steps: int) -> dict[int, dict]:
+    """The run's logged steps 1..``steps``, each with all three terms positive and the loss their recipe-weighted
+    sum (alpha_mlm 5, alpha_kl 2, alpha_cos 1)."""
+    recs = _records(run_dir)
+    assert sorted(recs) == list(range(1, steps + 1))
+    for r in recs.values():
+        assert r["mlm_loss"] > 0 and r["kl_loss"] > 0 and r["cos_loss"] > 0
+        assert r["loss"] == pytest.approx(5.0 * r["mlm_loss"] + 2.0 * r["kl_loss"] + r["cos_loss"], rel=1e-5)
+    return recs
+
+
 def _pretrain(recipe: str, over: list[str]) -> str:
     import os
 
@@ -98,11 +109,7 @@ def roberta(bpe) -> dict:
 
 def test_a_roberta_student_learns_from_a_roberta_teacher(roberta) -> None:
     assert roberta["rc"] == 0, roberta["msg"]
-    recs = _records(roberta["student"])
-    assert sorted(recs) == [1, 2, 3, 4, 5, 6]
-    for r in recs.values():
-        assert r["mlm_loss"] > 0 and r["kl_loss"] > 0 and r["cos_loss"] > 0
-        assert r["loss"] == pytest.approx(5.0 * r["mlm_loss"] + 2.0 * r["kl_loss"] + r["cos_loss"], rel=1e-5)
+    recs = _checked_steps(roberta["student"], 6)
     assert recs[6]["loss"] < recs[1]["loss"] and recs[6]["kl_loss"] < recs[1]["kl_loss"]
     meta = json.loads((roberta["student"] / "checkpoints" / "iter_0000006" / "bio_megatron.json").read_text())
     teacher_meta = json.loads((roberta["teacher"] / "checkpoints" / "iter_0000006" / "bio_megatron.json").read_text())
@@ -165,11 +172,7 @@ def test_a_student_of_another_family_learns_from_a_megatron_bert_teacher(family:
     (res,) = run_world(1, distill_cli, ["distill", "--config", str(TINY_DISTILL), *over], timeout=300)
     assert res["rc"] == 0, res["msg"]
     assert res["identical"] and res["no_grad"]
-    recs = _records(tmp_path / "student")
-    assert sorted(recs) == [1, 2, 3]
-    for r in recs.values():
-        assert r["mlm_loss"] > 0 and r["kl_loss"] > 0 and r["cos_loss"] > 0
-        assert r["loss"] == pytest.approx(5.0 * r["mlm_loss"] + 2.0 * r["kl_loss"] + r["cos_loss"], rel=1e-5)
+    _checked_steps(tmp_path / "student", 3)
     meta = json.loads((tmp_path / "student" / "checkpoints" / "iter_0000003" / "bio_megatron.json").read_text())
     assert meta["family"] == {"bert_post_ln": "bert"}.get(family, family)
 
@@ -223,11 +226,7 @@ def test_a_megatron_bert_student_learns_from_a_teacher_of_another_family(recipe:
     (res,) = run_world(1, distill_cli, ["distill", "--config", str(TINY_DISTILL), *over], timeout=300)
     assert res["rc"] == 0, res["msg"]
     assert res["identical"] and res["no_grad"] and tree_digest(teacher) == before
-    recs = _records(tmp_path / "student")
-    assert sorted(recs) == [1, 2, 3]
-    for r in recs.values():
-        assert r["mlm_loss"] > 0 and r["kl_loss"] > 0 and r["cos_loss"] > 0
-        assert r["loss"] == pytest.approx(5.0 * r["mlm_loss"] + 2.0 * r["kl_loss"] + r["cos_loss"], rel=1e-5)
+    recs = _checked_steps(tmp_path / "student", 3)
     meta = json.loads((tmp_path / "student" / "checkpoints" / "iter_0000003" / "bio_megatron.json").read_text())
     assert meta["family"] == "megatron_bert"
     # the same teacher as a Hugging Face folder (export hf: BertForMaskedLM, AlbertForMaskedLM, ModernBertForMaskedLM)
