@@ -7,6 +7,7 @@ dist-checkpointing (any saved layout), Hugging Face folders through :func:`load_
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -92,23 +93,29 @@ def glu_halves(sharded: dict):
             yield key, sh
 
 
+# dist-checkpointing's key of a layer stack: ``encoder.layers.<name>``, or nested (ELECTRA's ``generator.encoder...``)
+_LAYER_STACK = re.compile(r"^((?:.+\.)?encoder\.layers\.)(.+)$")
+
+
 @torch.no_grad()
 def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix: str | None = None) -> None:
     """Copy an unsharded (TP1, per-layer) state dict into this rank's shards, using the same global
-    key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout."""
+    key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout. A layer stack's key
+    (``[<prefix>.]encoder.layers.<name>``) is filled from the per-layer ``...encoder.layers.<i>.<name>``."""
     for key, sh in glu_halves(model.sharded_state_dict()):
         if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
             continue
+        stack = _LAYER_STACK.match(sh.key)
         if sh.key in full:
             value = full[sh.key]
-        elif sh.key.startswith("encoder.layers."):
-            rest = sh.key[len("encoder.layers."):]
+        elif stack is not None:
+            layers_key, rest = stack.groups()
             # a gated MLP's fc1 halves ([x; gate] rows): <name>_w is the first, <name>_v the second
             half = "_wv".index(rest[-1]) - 1 if rest.endswith(("weight_w", "weight_v")) else None
             rest = rest[:-2] if half is not None else rest
             # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
-            rest = TE_ALIASES.get(rest, rest) if f"encoder.layers.0.{rest}" not in full else rest
-            layers = [full[f"encoder.layers.{i}.{rest}"] for i in range(sh.global_shape[0])]
+            rest = TE_ALIASES.get(rest, rest) if f"{layers_key}0.{rest}" not in full else rest
+            layers = [full[f"{layers_key}{i}.{rest}"] for i in range(sh.global_shape[0])]
             value = torch.stack(layers if half is None else [t.chunk(2)[half] for t in layers])
         else:
             raise CheckpointError(f"weight {sh.key} is missing from the source")

@@ -9,7 +9,6 @@ A fine-tuned model's encoder + head load through :func:`bio_megatron.formats.fin
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -157,26 +156,6 @@ def saved_vocab_name(vocab_file: str | Path) -> str:
     return "spiece.model" if path.suffix == ".model" else "vocab.txt"
 
 
-def stack_nested_layers(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``<p>encoder.layers.<i>.x`` of a nested encoder (``p`` not empty: ELECTRA's ``generator.``) -> one
-    ``<p>encoder.layers.x`` stacked over i: the key dist-checkpointing gives such layers, which
-    :func:`~bio_megatron.formats.fill.load_full_state` then finds as it is (it stacks the top-level
-    ``encoder.layers.<i>`` itself)."""
-    out, stacks = {}, {}
-    for k, v in full.items():
-        nested = _NESTED_LAYER.match(k)
-        if nested is None:
-            out[k] = v
-        else:
-            prefix, i, rest = nested.groups()
-            stacks.setdefault(f"{prefix}encoder.layers.{rest}", {})[int(i)] = v
-    out.update({k: torch.stack([layers[i] for i in sorted(layers)]) for k, layers in stacks.items()})
-    return out
-
-
-_NESTED_LAYER = re.compile(r"^(.+\.)encoder\.layers\.(\d+)\.(.+)$")
-
-
 def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool = False,
                verify: Callable[[Path, dict[str, torch.Tensor]], dict] | None = None,
                fresh_head_seed: int = 0, fresh: Sequence[str] = ()) -> dict | None:
@@ -226,7 +205,7 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         head = build_head(task, m, m.shape().hidden_size, len(labels) if labels else 2)
         model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
         full.update(state.head)
-    load_full_state(model, stack_nested_layers(full))
+    load_full_state(model, full)
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = saved_vocab_name(state.vocab_file), state.lowercase
     meta = {"imported_from": state.source, "layout": {"tp": 1, "pp": 1, "dp": 1, "distributed_optimizer": False},
             "task": task, "vocab_size": state.vocab_size, "padded_vocab_size": padded, "labels": labels,
