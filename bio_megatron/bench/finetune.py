@@ -303,10 +303,14 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
 
 
 # --- one epoch, whole process ----------------------------------------------------------------------------------
-def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> tuple[Path, Path]:
-    """Our task reader's train and dev examples as JSON lines for the baseline: the same examples by construction."""
+def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: list[str],
+                     tmp: Path) -> tuple[Path, Path, list[int]]:
+    """Our task reader's train and dev examples as JSON lines for the baseline (the same examples by
+    construction), and the order our run takes them in its epoch: both sides then train on the same batches, so
+    neither epoch's figure rests on how much padding its own shuffle happened to draw."""
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.formats.source import resolve_source
+    from bio_megatron.tasks.finetune import epoch_order
     from bio_megatron.tasks.protocol import TASKS
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -323,14 +327,15 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
         path = tmp / f"{task}_{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         paths.append(path)
-    return paths[0], paths[1]
+    return paths[0], paths[1], epoch_order(len(reader.train.features), cfg.trainer.seed, 0)
 
 
 def measure_epoch(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> dict:
-    train, dev = _export_examples(args, task, folder, over, tmp)
+    train, dev, order = _export_examples(args, task, folder, over, tmp)
     env = child_env(args.threads)
     spec = tmp / f"hf_epoch_{task}.json"
     spec.write_text(json.dumps({"task": task, "model": str(folder), "train": str(train), "dev": str(dev),
+                                "order": order,
                                 "batch": args.batch, "lr": args.lr, "max_seq_length": args.max_seq_length,
                                 "precision": args.precision, "seed": 42, "threads": args.threads,
                                 "out": str(tmp / f"hf_epoch_{task}_out")}))

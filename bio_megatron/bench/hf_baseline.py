@@ -6,7 +6,8 @@ transformers alone would write. ``predict``: ``pipeline("token-classification", 
 over every line of a text file, batched, entities written as JSON lines (the grouping ``predict ner`` matches,
 docs/INTERCHANGE.md). ``epoch``: read the prepared examples (JSON lines: ``{"words", "tags"}`` or ``{"text",
 "label"}``), tokenize with the folder's fast tokenizer (NER: the label on each word's first sub-token, -100
-elsewhere), shuffle, pad each batch to its longest example, train one epoch with ``torch.optim.AdamW(fused=True)``
+elsewhere), take them in the order given (``bench finetune`` gives our run's: the same batches on both sides; else
+a seeded shuffle), pad each batch to its longest example, train one epoch with ``torch.optim.AdamW(fused=True)``
 (the Trainer's default ``adamw_torch_fused``), gradient clipping 1.0 and a linear schedule with 10% warmup, under
 ``torch.autocast`` for bf16, then predict the dev examples and ``save_pretrained`` the model. Timings of its phases
 go to stdout as one JSON object.
@@ -92,7 +93,9 @@ def epoch(a: dict) -> dict:
                               enabled=a["precision"] == "bf16")
     dev_ = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(dev_).train()
-    perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(a["seed"])).tolist()
+    # the order our run takes the examples in (bench finetune passes it: the same batches on both sides), else a
+    # seeded shuffle
+    perm = a.get("order") or torch.randperm(len(train), generator=torch.Generator().manual_seed(a["seed"])).tolist()
     for s in range(steps):
         b = {k: v.to(dev_) for k, v in _collate([train[i] for i in perm[s * bs:(s + 1) * bs]], tok.pad_token_id,
                                                 ner).items()}

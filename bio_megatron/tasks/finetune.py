@@ -49,6 +49,8 @@ from bio_megatron.vocab.bpe import load_tokenizer
 from bio_megatron.vocab.builtin import resolve_vocab
 
 log = get_logger(__name__)
+# Micro-batches pad to their longest example rounded up to this (tensor-core tiles on a GPU; none on the CPU).
+PAD_MULTIPLE = 8 if torch.cuda.is_available() else 1
 LOG_FILE = "run.log"  # the run's log lines, in its folder beside metrics.jsonl, hparams.yaml and tensorboard/
 
 
@@ -72,6 +74,12 @@ def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
     return max(1, train_examples // global_batch_size)
 
 
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """The order of the ``n`` training examples in ``epoch`` (0-based): a fresh shuffle per epoch, the same on every
+    rank and on resume."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
+
+
 class Batches:
     """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
 
@@ -86,8 +94,11 @@ class Batches:
         self.state: LoopState | None = None  # run_batches reads seq_length from it
 
     def _micro(self, split: Split, indices: list[int]) -> list[dict]:
+        # The global batch's longest example, so the same on every rank (one p2p shape per step). On a GPU rounded
+        # up to a multiple of 8 for the tensor cores; on the CPU no rounding, which would only add padded positions
+        # (5% of an unpacked BC5CDR epoch's, docs/BENCHMARKS.md).
         seq = max(self.task.length(split, max(i, 0)) for i in indices)
-        seq = min(self.max_len, int(math.ceil(seq / 8) * 8))  # same on every rank: one p2p shape per step
+        seq = min(self.max_len, int(math.ceil(seq / PAD_MULTIPLE) * PAD_MULTIPLE))
         self.state.seq_length = seq
         per = len(indices) // self.dp
         mine = indices[self.dp_rank * per:(self.dp_rank + 1) * per]
@@ -98,15 +109,18 @@ class Batches:
     def train(self, step: int) -> list[dict]:
         n = len(self.task.train.features)
         epoch, within = divmod(step, self.steps_per_epoch)
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)).tolist()
+        perm = epoch_order(n, self.seed, epoch)
         idx = [perm[(within * self.gbs + k) % n] for k in range(self.gbs)]
         return self._micro(self.task.train, idx)
 
     def eval_groups(self, split: Split, n: int):
-        """All examples in groups of ``micro x DP`` (padded with index -1 rows that are dropped later)."""
+        """All examples in groups of ``micro x DP`` (padded with index -1 rows that are dropped later), shortest
+        first: each group then pads to a length near its own examples' (40% fewer positions on BC5CDR's dev
+        sentences). Outputs are keyed by example index, so the predictions and scores are those of any order."""
         size = self.mbs * self.dp
+        order = sorted(range(n), key=lambda i: (self.task.length(split, i), i))
         for start in range(0, n, size):
-            idx = list(range(start, min(n, start + size)))
+            idx = order[start:start + size]
             yield self._micro(split, idx + [-1] * (size - len(idx)))
 
 
@@ -296,8 +310,11 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
         if value > best["metric"]:
             old = best["path"]
+            # The best checkpoint is for predict, export and further fine-tuning, never resumed (resume/ is):
+            # in fp32 its weights are the whole trained state, so the Adam moments (two thirds of the bytes) stay
+            # out; in bf16/fp16 the exact fp32 values live in the optimizer's main parameters, so it keeps them.
             path = ckpt.save_checkpoint(ckpt_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file,
-                                        layout, meta)
+                                        layout, meta, with_optimizer=dtype != torch.float32)
             if is_writer:
                 if task.labels:
                     (path / "label_ids.csv").write_text("\n".join(task.labels) + "\n", encoding="utf-8")

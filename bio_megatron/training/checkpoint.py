@@ -223,13 +223,16 @@ def save_model_checkpoint(out: Path, model, cfg, vocab_file: str | Path, meta: d
 
 
 def save_checkpoint(root: Path, step: int, model, optimizer, scheduler, cfg, vocab_file: str | Path,
-                    layout: Layout, extra_meta: dict | None = None) -> Path:
+                    layout: Layout, extra_meta: dict | None = None, with_optimizer: bool = True) -> Path:
     """Write ``root/iter_<step>`` on every rank and move ``root/latest`` to it. A full disk (or quota) is one-line
-    :class:`CheckpointError` on every rank: the temporary directory is removed, ``latest`` is untouched."""
+    :class:`CheckpointError` on every rank: the temporary directory is removed, ``latest`` is untouched.
+    ``with_optimizer=False`` writes the weights and RNG state only (a checkpoint to predict or fine-tune from,
+    a third of the size with Adam; it can be loaded ``model_only`` but not resumed)."""
     tmp = root / f".iter_{step:07d}.tmp"
     is_writer = not dist.is_initialized() or dist.get_rank() == 0
     try:
-        return _save(root, step, tmp, is_writer, model, optimizer, scheduler, cfg, vocab_file, layout, extra_meta)
+        return _save(root, step, tmp, is_writer, model, optimizer if with_optimizer else None, scheduler, cfg,
+                     vocab_file, layout, extra_meta)
     except (KeyboardInterrupt, SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -263,7 +266,7 @@ def _save(root: Path, step: int, tmp: Path, is_writer: bool, model, optimizer, s
             if failed is None:
                 raise
     _agree_on_failure(failed)
-    _dist_save(_sharded_state(model, optimizer, scheduler, step, False, True, True), tmp)
+    _dist_save(_sharded_state(model, optimizer, scheduler, step, False, optimizer is not None, True), tmp)
     _barrier()
     # Every rank hashes a share of the shards (page-cache hot: they were just written); rank 0 names them so
     # that all ranks agree on the list even where a shared file system lists lazily.

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BC5CDR = ROOT / "tests" / "fixtures" / "ner" / "bc5cdr_chem_devel_head.tsv"
 TRAIN_FILE = ROOT / "tests" / "fixtures" / "finetune" / "bc5cdr_chem_train_head.tsv"  # tiny_ner's training file
 N_TRAIN = 12
-TRAIN = ["trainer.max_steps=200", "trainer.val_check_interval=200", f"model.dataset.max_train_examples={N_TRAIN}",
+TRAIN = ["trainer.max_steps=300", "trainer.val_check_interval=300", f"model.dataset.max_train_examples={N_TRAIN}",
          "model.dataset.max_eval_examples=16", "model.dataset.test_file=null", "model.global_batch_size=8",
          "model.optim.lr=5e-3", "model.optim.sched.warmup_ratio=0", "model.head.fc_dropout=0",
          "model.hidden_dropout=0", "model.attention_dropout=0"]
@@ -191,6 +191,20 @@ def test_pipeline_groups_the_entities_predict_ner_finds(ner_export, tmp_path):
 
 
 
+def _gold_spans(words: list[str], tags: list[str]) -> list[tuple[str, int, int]]:
+    """(type, start, end) of the IOB entities of ``" ".join(words)``."""
+    spans, at = [], 0
+    for word, tag in zip(words, tags):
+        if tag.startswith("B-") or (tag.startswith("I-") and not (spans and spans[-1][3] and spans[-1][0] == tag[2:])):
+            spans.append([tag[2:], at, at + len(word), True])
+        elif tag.startswith("I-"):
+            spans[-1][2] = at + len(word)
+        elif spans:
+            spans[-1][3] = False
+        at += len(word) + 1
+    return [(t, a, b) for t, a, b, _ in spans]
+
+
 def test_simple_and_first_aggregation_group_the_entities_predict_ner_finds(ner_export, tmp_path):
     """On the sentences the model learned, each sub-token predicts its training label: with the default
     ``model.dataset.continuation_label: inside`` a ``B-X`` word's later sub-tokens are ``I-X``, so ``simple``, which
@@ -202,8 +216,12 @@ def test_simple_and_first_aggregation_group_the_entities_predict_ner_finds(ner_e
 
     from bio_megatron.tasks.ner_data import read_iob
 
-    texts = [" ".join(s.words) for s in read_iob(TRAIN_FILE)[:N_TRAIN]]
+    sentences = read_iob(TRAIN_FILE)[:N_TRAIN]
+    texts = [" ".join(s.words) for s in sentences]
     ours = _predict_ner(ner_export["hf"], texts, tmp_path)
+    # the premise: the model learned its training sentences (else sub-tokens may disagree with their word's tag)
+    assert [[(e["type"], e["start"], e["end"]) for e in doc] for doc in ours] == \
+        [_gold_spans(s.words, s.tags) for s in sentences]
     (theirs,) = run_world(1, _pipeline_entities, str(ner_export["hf"]), ("none", "simple", "first"), texts)
     # what makes the comparison mean something: many entities, and entity words of several sub-tokens
     tok = AutoTokenizer.from_pretrained(ner_export["hf"])
