@@ -6,7 +6,7 @@ through a ``.pth`` file, first without transformers (the ``[hf]`` extra; tests/w
 project from a copy of the source with ``--no-index`` (nothing may be fetched: what the environment has must satisfy
 pyproject.toml's dependencies) and ``--no-build-isolation``; torch's version and files must be what they were,
 nothing named torch may land in the new environment, and the installed command runs; then ``.[hf]`` with
-transformers present keeps it too. pyproject.toml's ranges must admit the versions a user's environment has beside
+transformers present keeps it too, and ``.[wandb,mlflow]`` takes the environment's trackers. pyproject.toml's ranges must admit the versions a user's environment has beside
 the locked ones."""
 
 from __future__ import annotations
@@ -124,6 +124,14 @@ def test_pip_install_next_to_a_preinstalled_torch_keeps_it(installed):
     assert (export.returncode, export.stdout, export.stderr.strip().count("\n")) == (2, "", 0), export
     assert "bio-megatron export hf needs transformers, which is not installed: pip install 'bio-megatron[hf]'" \
         in export.stderr and not (tmp / "hf").exists()
+    # the tracker extras name real distributions in ranges the environment's wandb and mlflow-skinny meet: pip
+    # takes them from the environment (no index), replacing nothing
+    trackers = _run([*installed["pip"], f"{installed['src']}[wandb,mlflow]"], timeout=600)
+    assert trackers.returncode == 0, trackers.stdout[-3000:] + trackers.stderr[-3000:]
+    assert _probe(installed["py"]) == before
+    assert not [n for n in sorted(x.name for x in site.iterdir()) if n.startswith(("wandb", "mlflow", "torch"))]
+    imported = _run([installed["py"], "-c", "import wandb, mlflow; print(wandb.__version__, mlflow.__version__)"])
+    assert imported.returncode == 0, imported.stderr[-2000:]
 
 
 # Two fresh processes importing torch and megatron-core, and a second install: ~15 s on CI's two cores; the default
