@@ -13,6 +13,8 @@ It lives with the families rather than in ``models/`` because the family registr
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import torch
 from megatron.core import parallel_state as ps
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -80,12 +82,23 @@ class TaskModel(MegatronModule):
 
 
 def build_task_model(m: ModelConfig, padded_vocab: int, head: nn.Module, dtype: torch.dtype, seed: int,
-                     pre_process: bool | None = None, post_process: bool | None = None) -> TaskModel:
-    """This rank's stage, weights initialised layout-invariantly (encoder and head)."""
+                     pre_process: bool | None = None, post_process: bool | None = None,
+                     initialise: bool = True) -> TaskModel:
+    """This rank's stage, weights initialised layout-invariantly (encoder and head). ``initialise=False``: left
+    uninitialised for a caller that fills them from a checkpoint and then calls :func:`init_task_model` for the
+    rest (drawing every weight first cost seconds at 345m, all overwritten)."""
     pre = ps.is_pipeline_first_stage() if pre_process is None else pre_process
     post = ps.is_pipeline_last_stage() if post_process is None else post_process
-    model = TaskModel(m, padded_vocab, head if post else None, dtype, pre, post)
-    init_weights(model, seed, m.init_method_std, m.shape().num_layers)
-    if post and not getattr(head, "use_transformer_init", True):
-        pytorch_default_init(model.head, "head.", seed)
-    return on_device(model, dtype)
+    model = on_device(TaskModel(m, padded_vocab, head if post else None, dtype, pre, post), dtype)
+    if initialise:
+        init_task_model(model, m, seed)
+    return model
+
+
+def init_task_model(model: TaskModel, m: ModelConfig, seed: int, skip: Collection[str] = frozenset()) -> None:
+    """The initial value of every weight whose global key is not in ``skip``: the values a fresh model has, key by
+    key, so filling some from a checkpoint first and initialising the rest equals initialising all, then filling."""
+    init_weights(model, seed, m.init_method_std, m.shape().num_layers, skip)
+    head = getattr(model, "head", None)
+    if head is not None and not getattr(head, "use_transformer_init", True):
+        pytorch_default_init(head, "head.", seed, skip)

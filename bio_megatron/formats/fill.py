@@ -35,22 +35,24 @@ def task_padded_vocab(m: ModelConfig, vocab_size: int, src: Source | None) -> in
     return padded_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp)
 
 
-def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
-    """Fill ``model`` from ``src``. ``encoder_only`` (a pretraining model, or another task's checkpoint): the head
+def load_into(model: nn.Module, src: Source, encoder_only: bool) -> set[str]:
+    """Fill ``model`` from ``src``; returns the global keys filled (the rest keep, or get from ``init_task_model``,
+    their initial values). ``encoder_only`` (a pretraining model, or another task's checkpoint): the head
     keeps its initialisation, except the tensors its family takes from a pretraining head that ``src`` holds
     (``Family.task_head_from_pretraining``: ModernBERT's dense and norm, as transformers' ``from_pretrained``)."""
     inherit = dict(model.family.task_head_from_pretraining) if encoder_only else {}
     if src.kind == "hf":
         full = read_hf_state(src.path, model.shape, model.padded_vocab)
-        load_full_state(model, full, skip_prefix="head." if encoder_only else None)
+        filled = load_full_state(model, full, skip_prefix="head." if encoder_only else None)
         taken = []
         for _, sh in glu_halves(model.sharded_state_dict()):  # the last stage's head, at any TP layout
             if isinstance(sh, ShardedTensor) and inherit.get(sh.key) in full:
                 with torch.no_grad():
                     sh.data.copy_(full[inherit[sh.key]][sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
                 taken.append(inherit[sh.key])
+                filled.add(sh.key)
         _log_taken(src, taken)
-        return
+        return filled
     sharded = model.sharded_state_dict()
     wanted = {k: v for k, v in sharded.items() if not (encoder_only and k.startswith("head."))}
     heads = {k: v for k, v in sharded.items() if isinstance(v, ShardedTensor) and v.key in inherit}
@@ -59,6 +61,8 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
         wanted.update({k: dataclasses.replace(v, key=inherit[v.key]) for k, v in heads.items()
                        if inherit[v.key] in saved})
         _log_taken(src, [inherit[v.key] for v in heads.values() if inherit[v.key] in saved])
+    # the global keys filled, taken before from_main_params renames the entries it redirects
+    filled = {sh.key for k, sh in glu_halves(sharded) if isinstance(sh, ShardedTensor) and k in wanted}
     from_main_params(wanted, src.path)  # an fp32 model from a bf16/fp16 run takes its fp32 main parameters
     state = load_sharded(src.path, {"model": wanted})["model"]  # verified, pickle allow-lists, one-line errors
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -66,6 +70,7 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> None:
     if missing or unexpected:
         raise CheckpointError(f"{src.path}: weights do not match the model (missing {missing[:5]}, "
                               f"unexpected {list(unexpected)[:5]})")
+    return filled
 
 
 def _saved_keys(path) -> set[str]:
@@ -98,10 +103,12 @@ _LAYER_STACK = re.compile(r"^((?:.+\.)?encoder\.layers\.)(.+)$")
 
 
 @torch.no_grad()
-def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix: str | None = None) -> None:
+def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix: str | None = None) -> set[str]:
     """Copy an unsharded (TP1, per-layer) state dict into this rank's shards, using the same global
     key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout. A layer stack's key
-    (``[<prefix>.]encoder.layers.<name>``) is filled from the per-layer ``...encoder.layers.<i>.<name>``."""
+    (``[<prefix>.]encoder.layers.<name>``) is filled from the per-layer ``...encoder.layers.<i>.<name>``.
+    Returns the global keys filled (every one outside ``skip_prefix``: a missing one is an error)."""
+    filled = set()
     for key, sh in glu_halves(model.sharded_state_dict()):
         if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
             continue
@@ -127,3 +134,5 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
             pad[: value.shape[0]] = value
             value = pad
         sh.data.copy_(value[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+        filled.add(sh.key)
+    return filled

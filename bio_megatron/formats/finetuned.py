@@ -16,7 +16,7 @@ from bio_megatron.config.finetune import CONFIG_CLASSES
 from bio_megatron.config.loader import from_dict
 from bio_megatron.formats.saved import saved_config
 from bio_megatron.formats.source import Source, resolve_source, task_config_for_hf
-from bio_megatron.families.task import TaskModel, build_task_model
+from bio_megatron.families.task import TaskModel, build_task_model, init_task_model
 from bio_megatron.formats.fill import load_into
 from bio_megatron.models.heads import build_head
 from bio_megatron.utils.errors import CheckpointError
@@ -76,6 +76,7 @@ def load_finetuned(path: str | Path, task: str | None = None,
     num_classes = len(labels) if labels else 2
     head = build_head(src.task, m, m.shape().hidden_size, num_classes)
     padded = src.padded_vocab or tokenizer.vocab_size
-    model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
-    load_into(model, src, encoder_only=False)
+    model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True,
+                             initialise=False)
+    init_task_model(model, m, 0, load_into(model, src, encoder_only=False))  # whatever the source did not hold
     return Loaded(model.eval(), cfg, tokenizer, labels, src)

@@ -203,7 +203,9 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         cfg = CONFIG_CLASSES[task]()
         cfg.model = m
         head = build_head(task, m, m.shape().hidden_size, len(labels) if labels else 2)
-        model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True)
+        # every weight comes from ``full`` below (load_full_state refuses a missing one): no initial values drawn
+        model = build_task_model(m, padded, head, torch.float32, seed=0, pre_process=True, post_process=True,
+                                 initialise=False)
         full.update(state.head)
     load_full_state(model, full)
     m.tokenizer.vocab_file, m.tokenizer.do_lower_case = saved_vocab_name(state.vocab_file), state.lowercase

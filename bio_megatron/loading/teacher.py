@@ -26,7 +26,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.families import family_named
 from bio_megatron.formats.hf.read import read_hf_state
 from bio_megatron.formats.source import apply_source_shape, resolve_source
-from bio_megatron.families.task import build_task_model
+from bio_megatron.families.task import build_task_model, init_task_model
 from bio_megatron.formats.fill import load_full_state, load_into, task_padded_vocab
 from bio_megatron.models.bert import dtype_name, precision_dtype
 from bio_megatron.training import checkpoint as ckpt
@@ -217,9 +217,9 @@ def load_task_teacher(cfg, labels: list[str] | None, vocab_file: str | Path, voc
     src, m = inspect_task_teacher(cfg, labels, vocab_file)
     dtype = precision_dtype(cfg.model.teacher.precision or cfg.trainer.precision)
     teacher = build_task_model(m, task_padded_vocab(m, vocab_size, src), build_head(m), dtype, seed,
-                               pre_process=True, post_process=True)
+                               pre_process=True, post_process=True, initialise=False)
     try:
-        load_into(teacher, src, encoder_only=False)
+        init_task_model(teacher, m, seed, load_into(teacher, src, encoder_only=False))
     except CheckpointError as exc:
         raise CheckpointError(f"model.teacher.restore_from_path: {exc}") from None
     teacher.eval()

@@ -13,6 +13,7 @@ Model parts, below fine-tuning and loading alike: ``loading`` builds a checkpoin
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 import zlib
 
 import torch
@@ -82,12 +83,13 @@ def token_loss(logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor 
 
 
 @torch.no_grad()
-def pytorch_default_init(head: nn.Module, prefix: str, seed: int) -> None:
+def pytorch_default_init(head: nn.Module, prefix: str, seed: int, skip: Collection[str] = frozenset()) -> None:
     """PyTorch's Linear init U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases, drawn from a
-    generator seeded by the parameter's name so that every rank and layout gets the same values."""
+    generator seeded by the parameter's name so that every rank and layout gets the same values; ``skip``: the
+    names (with ``prefix``) filled from a checkpoint already."""
     for name, p in head.named_parameters():
         module = head.get_submodule(name.rsplit(".", 1)[0])
-        if not isinstance(module, nn.Linear):
+        if not isinstance(module, nn.Linear) or prefix + name in skip:
             continue
         bound = 1.0 / math.sqrt(module.in_features)
         g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{prefix}{name}".encode()))

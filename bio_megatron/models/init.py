@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Collection
 
 import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -41,8 +42,13 @@ def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_laye
 
 
 @torch.no_grad()
-def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int) -> None:
+def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int,
+                 skip: Collection[str] = frozenset()) -> None:
+    """Every parameter its layout-invariant initial value, except those whose global key is in ``skip`` (filled
+    from a checkpoint already: each value depends on its own key only, so the others get what they would anyway)."""
     for _, sh in _sharded_tensors(model):
+        if sh.key in skip:
+            continue
         full = init_value(sh.key, tuple(sh.global_shape), seed, std, num_layers)
         sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
 

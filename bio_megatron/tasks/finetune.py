@@ -25,7 +25,7 @@ from megatron.core import parallel_state as ps
 from bio_megatron.config.finetune import FinetuneConfig, validate
 from bio_megatron.config.loader import to_dict
 from bio_megatron.models.bert import describe_precision, dtype_name, precision_dtype
-from bio_megatron.families.task import build_task_model
+from bio_megatron.families.task import build_task_model, init_task_model
 from bio_megatron.formats.fill import load_into, task_padded_vocab
 from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
@@ -229,9 +229,11 @@ def setup(cfg: FinetuneConfig):
     dtype = precision_dtype(t.precision)
     padded = task_padded_vocab(m, tokenizer.vocab_size, src)
     head = task.build_head(m)
-    model = build_task_model(m, padded, head, dtype, t.seed)
+    # Restoring: the source's weights first, then initial values for the rest only (the fresh head): the same
+    # model as initialising all and overwriting, without drawing every weight first (seconds at 345m).
+    model = build_task_model(m, padded, head, dtype, t.seed, initialise=src is None)
     if src is not None:
-        load_into(model, src, encoder_only=not same_task)
+        init_task_model(model, m, t.seed, load_into(model, src, encoder_only=not same_task))
         log.info("restored %s from %s (%s)", "encoder + head" if same_task else "encoder", src.path, src.kind)
     ddp = wrap_for_training(model, m, dtype)
     task = with_teacher(cfg, task, tokenizer)  # task-specific distillation (tasks/distill.py); else the task itself
