@@ -299,3 +299,24 @@ def test_distributed_optimizer_bf16_resumes_exactly_and_exports_main_params(pubm
     weights = load_file(str(tmp_path / "hf" / "model.safetensors"))
     # Main parameters, not bf16 weights upcast: some values are not representable in bf16.
     assert any(not torch.equal(w, w.bfloat16().float()) for w in weights.values())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the warning is for machines without a GPU")
+def test_float16_without_a_gpu_warns_once_and_names_what_to_use(caplog):
+    """NeMo's configs say ``precision: 16``; run as they are on a CPU they crawl (float16 matmuls in software: 1.6
+    GFLOP/s against 96 for float32 on this project's machine), so the precision is named with what to use."""
+    import logging
+
+    from bio_megatron.models.bert import _warn_cpu_float16, precision_dtype
+
+    _warn_cpu_float16.cache_clear()  # once per process: another test may have asked already
+    project = logging.getLogger("bio_megatron")  # it does not propagate to the root logger caplog listens on
+    project.addHandler(caplog.handler)
+    try:
+        assert [precision_dtype(p) for p in ("32", "bf16-mixed")] == [torch.float32, torch.bfloat16]
+        assert not [r for r in caplog.records if "precision" in r.getMessage()]
+        assert precision_dtype("16-mixed") == precision_dtype(16) == torch.float16
+    finally:
+        project.removeHandler(caplog.handler)
+    (warned,) = [r.getMessage() for r in caplog.records if "trainer.precision=16" in r.getMessage()]
+    assert "trainer.precision=32" in warned and "bf16" in warned
