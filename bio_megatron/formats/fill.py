@@ -10,7 +10,7 @@ import dataclasses
 import re
 
 import torch
-from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
+from megatron.core.dist_checkpointing.mapping import ShardedTensor
 from torch import nn
 
 from bio_megatron.config.pretrain import ModelConfig
@@ -18,6 +18,7 @@ from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.formats.hf.read import read_hf_state
 from bio_megatron.formats.source import Source
 from bio_megatron.models.hf_convert import TE_ALIASES
+from bio_megatron.models.init import sharded_parts
 from bio_megatron.training import integrity
 from bio_megatron.training.checkpoint import from_main_params, load_sharded, verify
 from bio_megatron.utils.errors import CheckpointError
@@ -45,7 +46,7 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> set[str]:
         full = read_hf_state(src.path, model.shape, model.padded_vocab)
         filled = load_full_state(model, full, skip_prefix="head." if encoder_only else None)
         taken = []
-        for _, sh in glu_halves(model.sharded_state_dict()):  # the last stage's head, at any TP layout
+        for _, sh in sharded_parts(model.sharded_state_dict()):  # the last stage's head, at any TP layout
             if isinstance(sh, ShardedTensor) and inherit.get(sh.key) in full:
                 with torch.no_grad():
                     sh.data.copy_(full[inherit[sh.key]][sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
@@ -62,7 +63,7 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> set[str]:
                        if inherit[v.key] in saved})
         _log_taken(src, [inherit[v.key] for v in heads.values() if inherit[v.key] in saved])
     # the global keys filled, taken before from_main_params renames the entries it redirects
-    filled = {sh.key for k, sh in glu_halves(sharded) if isinstance(sh, ShardedTensor) and k in wanted}
+    filled = {sh.key for k, sh in sharded_parts(sharded) if isinstance(sh, ShardedTensor) and k in wanted}
     from_main_params(wanted, src.path)  # an fp32 model from a bf16/fp16 run takes its fp32 main parameters
     state = load_sharded(src.path, {"model": wanted})["model"]  # verified, pickle allow-lists, one-line errors
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -88,16 +89,6 @@ def _log_taken(src: Source, names: list[str]) -> None:
         log.info("task head: %s from the pretraining head of %s, the rest fresh", ", ".join(names), src.path)
 
 
-def glu_halves(sharded: dict):
-    """(name, entry) of a sharded state dict, a gated MLP's fc1 (megatron's ShardedTensorFactory, ModernBERT's
-    GeGLU) as its two halves, each a view of the parameter under its own global key."""
-    for key, sh in sharded.items():
-        if isinstance(sh, ShardedTensorFactory):
-            yield from ((key, part) for part in sh.build() if isinstance(part, ShardedTensor))
-        else:
-            yield key, sh
-
-
 # dist-checkpointing's key of a layer stack: ``encoder.layers.<name>``, or nested (ELECTRA's ``generator.encoder...``)
 _LAYER_STACK = re.compile(r"^((?:.+\.)?encoder\.layers\.)(.+)$")
 
@@ -109,7 +100,7 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
     (``[<prefix>.]encoder.layers.<name>``) is filled from the per-layer ``...encoder.layers.<i>.<name>``.
     Returns the global keys filled (every one outside ``skip_prefix``: a missing one is an error)."""
     filled = set()
-    for key, sh in glu_halves(model.sharded_state_dict()):
+    for key, sh in sharded_parts(model.sharded_state_dict()):
         if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
             continue
         stack = _LAYER_STACK.match(sh.key)

@@ -16,14 +16,19 @@ import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
 
 
-def _sharded_tensors(model: torch.nn.Module):
-    for key, sh in model.sharded_state_dict().items():
-        if isinstance(sh, ShardedTensor):
+def sharded_parts(sharded: dict):
+    """(state-dict key, entry) of a sharded state dict, with a gated MLP's fc1 (megatron's ShardedTensorFactory:
+    ModernBERT's GeGLU, [x; gate], each half split over TP) as its two halves, each a view of the parameter under its
+    own global key. Initialisation and filling from a checkpoint both walk it, so they agree on every global key."""
+    for key, sh in sharded.items():
+        if isinstance(sh, ShardedTensorFactory):
+            yield from ((key, part) for part in sh.build() if isinstance(part, ShardedTensor))
+        else:
             yield key, sh
-        elif isinstance(sh, ShardedTensorFactory):  # a gated MLP's fc1 ([x; gate], each half split over TP)
-            for part in sh.build():  # views of the parameter, under their own global keys
-                if isinstance(part, ShardedTensor):
-                    yield part.key, part
+
+
+def _sharded_tensors(model: torch.nn.Module):
+    return ((k, sh) for k, sh in sharded_parts(model.sharded_state_dict()) if isinstance(sh, ShardedTensor))
 
 
 def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int) -> torch.Tensor:
