@@ -324,6 +324,9 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
             rows = [{"words": s.words, "tags": s.tags} for s in split.sentences]
         else:
             rows = [{"text": e.text, "text_b": e.text_b, "label": reader.labels[e.target]} for e in split.examples]
+        if name == "train" and len(rows) != len(split.features):  # the order indexes both sides' lists
+            raise RuntimeError(f"bench finetune: {len(rows)} {task} training examples but {len(split.features)} "
+                               "features: the two sides would not train on the same batches")
         path = tmp / f"{task}_{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         paths.append(path)
