@@ -13,8 +13,8 @@ Model parts, below fine-tuning and loading alike: ``loading`` builds a checkpoin
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
 import zlib
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
