@@ -175,8 +175,7 @@ def _check_out(args: argparse.Namespace) -> None:
 
 def _predict_and_write(args: argparse.Namespace, predictions: Callable[[], list[dict]]) -> int:
     """``predictions()`` in a one-process world (torn down after), written as JSON lines to ``--out`` or stdout."""
-    from bio_megatron.parallel.distributed import single_process
-    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.parallel.distributed import single_process, teardown
 
     try:
         single_process()

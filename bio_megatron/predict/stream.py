@@ -298,8 +298,7 @@ def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results) -> N
 
     torch.set_num_threads(threads)
     from bio_megatron.formats.finetuned import load_finetuned
-    from bio_megatron.parallel.distributed import single_process
-    from bio_megatron.parallel.distributed import teardown
+    from bio_megatron.parallel.distributed import single_process, teardown
     from bio_megatron.predict.ner import predict_window
 
     try:
