@@ -15,7 +15,7 @@ from pathlib import Path
 from bio_megatron.config.loader import to_dict
 from bio_megatron.config.preflight import (finetune_path_problems, pretrain_path_problems, raise_problems,
                                            vocab_problem)
-from bio_megatron.config.sizes import SIZES, padded_vocab_size
+from bio_megatron.config.sizes import padded_vocab_size, size_row
 from bio_megatron.utils.errors import BioMegatronError, ConfigError
 
 SKIP_HELP = ("with --dry-run: validate the config only, without looking at its paths (e.g. on a login node where "
@@ -30,9 +30,7 @@ def _shape(m, source: str) -> dict:
     """The effective encoder shape, named by its size-table row where it is one (else ``custom``)."""
     s = m.shape()
     dims = (s.num_layers, s.hidden_size, s.num_attention_heads, s.ffn_hidden_size)
-    row = next((k for k, v in SIZES.items()
-                if (v.num_layers, v.hidden_size, v.num_attention_heads, v.ffn_hidden_size) == dims), "custom")
-    return {"size": row, "num_layers": dims[0], "hidden_size": dims[1], "num_attention_heads": dims[2],
+    return {"size": size_row(s), "num_layers": dims[0], "hidden_size": dims[1], "num_attention_heads": dims[2],
             "ffn_hidden_size": dims[3], "max_position_embeddings": m.max_position_embeddings,
             "transformer_block_type": m.transformer_block_type, "family": getattr(m, "family", None), "from": source}
 

@@ -15,7 +15,7 @@ from typing import Literal
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.packing import packing_problems
 from bio_megatron.config.scale import recompute_problems, sequence_parallel_problems
-from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count
+from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count, size_row
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.io import system_folder
 
@@ -272,6 +272,12 @@ class ModelConfig:
                 self.ffn_hidden_size or (4 * self.hidden_size if self.hidden_size else base.ffn_hidden_size))
         same = dims == (base.num_layers, base.hidden_size, base.num_attention_heads, base.ffn_hidden_size)
         return ModelShape(*dims, status=base.status if same else "custom")  # the size's own dims, spelled out: that size
+
+    def size_name(self) -> str:
+        """``model.size``; where keys override its shape (NeMo's configs give every dimension), the size-table row the
+        shape equals (a 12 x 768 encoder is ``base``), else ``custom``: never a size the encoder is not."""
+        shape = self.shape()
+        return self.size if shape.status != "custom" else size_row(shape)
 
 
 @dataclass

@@ -34,6 +34,14 @@ SIZES: dict[str, ModelShape] = {
 }
 
 
+def size_row(shape: ModelShape) -> str:
+    """The first row of :data:`SIZES` with ``shape``'s dimensions, or ``custom``: a NeMo config's 12 x 768 encoder is
+    ``base`` whatever ``model.size`` it left at its default."""
+    dims = (shape.num_layers, shape.hidden_size, shape.num_attention_heads, shape.ffn_hidden_size)
+    return next((name for name, row in SIZES.items()
+                 if (row.num_layers, row.hidden_size, row.num_attention_heads, row.ffn_hidden_size) == dims), "custom")
+
+
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tensor_parallel_size: int = 1) -> int:
     """Megatron pads the embedding table to a multiple of ``divisible_by * TP`` (28,996 -> 29,056 at TP=1)."""
     multiple = divisible_by * tensor_parallel_size

@@ -293,8 +293,8 @@ def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dty
         history.extend(saved["history"])
         early.replay(saved["history"])
         log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
-    meta = {"task": cfg.task, "model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-            "labels": task.labels, "compute_dtype": dtype_name(dtype)}
+    meta = {"task": cfg.task, "model_size": m.size_name(), "vocab_size": tokenizer.vocab_size,
+            "padded_vocab_size": padded, "labels": task.labels, "compute_dtype": dtype_name(dtype)}
 
     def evaluate_dev(step: int) -> None:
         if not state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)

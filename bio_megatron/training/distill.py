@@ -159,8 +159,9 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
 
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
-                             {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-                              "compute_dtype": dtype_name(dtype), "skipped_steps": state.skipped_steps,
+                             {"model_size": m.size_name(), "vocab_size": tokenizer.vocab_size,
+                              "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype),
+                              "skipped_steps": state.skipped_steps,
                               "distilled_from": str(m.teacher.restore_from_path), **origin})
 
     def on_step(s: int, r: StepResult) -> None:

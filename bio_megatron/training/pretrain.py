@@ -137,6 +137,15 @@ def diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError
                           f"({kept}) stays {latest}")
 
 
+def _shape_name(m: ModelConfig) -> str:
+    """``345m (confirmed)``, or for a shape overridden key by key the row it equals: ``base shape (model.size 345m with
+    overrides)``."""
+    shape = m.shape()
+    if shape.status != "custom":
+        return f"{m.size} ({shape.status})"
+    return f"{m.size_name()} shape (model.size {m.size} with overrides)"
+
+
 def run_pretraining(cfg: PretrainConfig) -> str:
     """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted";
     raises ``NonFiniteError`` (exit 3) when the loss or gradients stay NaN/Inf, ``LockError`` (exit 2) when
@@ -201,8 +210,9 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
 
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
-                             {"model_size": m.size, "vocab_size": tokenizer.vocab_size, "padded_vocab_size": padded,
-                              "compute_dtype": dtype_name(dtype), "skipped_steps": state.skipped_steps, **origin})
+                             {"model_size": m.size_name(), "vocab_size": tokenizer.vocab_size,
+                              "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype),
+                              "skipped_steps": state.skipped_steps, **origin})
 
     def on_step(s: int, r: StepResult) -> None:
         if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
@@ -224,8 +234,8 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
                "save": save, "should_stop": stop.agreed})
-    log.info("pretraining %s (%s): %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
-             "per step | compute dtype %s | from step %d to %d", m.size, shape.status, shape.num_layers,
+    log.info("pretraining %s: %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
+             "per step | compute dtype %s | from step %d to %d", _shape_name(m), shape.num_layers,
              shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
              m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), data.num_microbatches,
              m.micro_batch_size, describe_precision(dtype), step, t.max_steps)

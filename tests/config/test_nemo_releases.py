@@ -12,7 +12,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -295,3 +299,37 @@ def test_every_release_finetuning_config_trains_as_it_is(path, data, restore, tm
     assert "Traceback" not in ran.stderr
     results = list(tmp_path.glob("run/**/results.json"))
     assert results, sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))[:40]
+
+
+@pytest.mark.extended  # ~28 s per file, 12 files: the dry runs above are the default suite's check of every file
+@pytest.mark.parametrize("path", [p for p in FILES if TASK[p.name.split(".")[0]] == "pretrain"],
+                         ids=lambda p: p.name if p.parent.name == "v1" else f"2.4/{p.name}")
+def test_every_release_pretraining_config_trains_as_it_is(path, pubmed_prefix, tmp_path):
+    """Each pretraining config of every release trains, launched as the file asks (torchrun, one process per device
+    of its ``trainer.gpus``/``devices``, its own TP) with what a NeMo user gives to try it on a CPU: the data, the
+    accelerator, precision 32 (its fp16 ran at 1.6 GFLOP/s here), micro-batch 1, two steps, one validation batch.
+    The file's 12 x 768 shape under its default ``model.size`` is named ``base``, not 345m."""
+    flat = _flat(path)
+    devices = flat.get("trainer.gpus", flat.get("trainer.devices"))
+    tp, pp = flat["model.tensor_model_parallel_size"], flat.get("model.pipeline_model_parallel_size", 1)
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={devices}",
+            "-m", "bio_megatron", "pretrain", "--config", str(path), f"model.data.data_prefix=[1.0,{pubmed_prefix}]",
+            "trainer.accelerator=cpu", "trainer.precision=32", "model.micro_batch_size=1",
+            f"model.global_batch_size={devices // (tp * pp)}", "trainer.max_steps=2", "trainer.val_check_interval=2",
+            "trainer.limit_val_batches=1", f"exp_manager.exp_dir={tmp_path}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    try:
+        ran = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "Traceback" not in ran.stderr
+        (run,) = [p.parent for p in tmp_path.glob("*/metrics.jsonl")]
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records if "loss" in r] == [1, 2]
+        assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
+        assert [r for r in records if "val_loss" in r and math.isfinite(r["val_loss"])]
+        meta = json.loads((run / "checkpoints" / "iter_0000002" / "bio_megatron.json").read_text())
+        assert (meta["layout"]["tp"], meta["layout"]["pp"], meta["model_size"]) == (tp, pp, "base")
+        assert "pretraining base shape (model.size 345m with overrides): 12 layers, hidden 768" in ran.stderr
+    finally:  # each checkpoint is 1.3 GB (weights and Adam moments at 12 x 768): 12 of them filled this disk
+        for ckpt in tmp_path.glob("*/checkpoints"):
+            shutil.rmtree(ckpt)

@@ -66,6 +66,17 @@ def test_parameter_count_equals_megatron_core(binary_head):
     assert real == formula
 
 
+@pytest.mark.parametrize(("size", "dims", "name"), [
+    ("345m", {}, "345m"), ("large", {}, "large"),  # the same dims as 345m: the size given is the name
+    ("345m", {"num_layers": 12, "hidden_size": 768, "num_attention_heads": 12}, "base"),  # NeMo's pretraining config
+    ("345m", {"num_layers": 6}, "custom")])
+def test_size_name_is_the_row_the_shape_equals(size, dims, name):
+    """The name a run's checkpoint and log carry: ``model.size``, or the table row its overridden shape equals."""
+    from bio_megatron.config.pretrain import ModelConfig
+
+    assert ModelConfig(size=size, **dims).size_name() == name
+
+
 def test_vocab_padding_matches_anchor():
     assert padded_vocab_size(28_996) == 29_056
     assert padded_vocab_size(28_996, tensor_parallel_size=2) % 256 == 0
