@@ -10,6 +10,8 @@ comparisons are on non-padded query positions only.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from harness import run_world
@@ -134,3 +136,30 @@ def test_hf_sdpa_patch_equals_hf_eager():
         b = sdpa(input_ids=ids, attention_mask=valid.long()).logits
     assert a.abs().max() > 0.1
     assert (a - b)[valid].abs().max().item() < TOL
+
+
+@pytest.mark.parametrize("family", ["megatron_bert", "albert", "modernbert"])
+def test_gpu_config_asks_megatron_for_no_fused_kernel_it_lacks(family, monkeypatch):
+    """The TransformerConfig a GPU gets, built here as a GPU would build it: megatron's fused bias-GELU is off
+    (``fusions/fused_bias_gelu.py`` computes the tanh approximation, not the exact GELU of the CPU path and of the
+    HF checkpoints), and its fused masked softmax is off without the compiled ``scaled_masked_softmax_cuda``: with
+    it on, megatron's shape check imports that module unguarded and a bf16 run of the unfused attention (ModernBERT's,
+    or ``attention_backend=unfused``) dies with ModuleNotFoundError."""
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from bio_megatron.config.pretrain import ModelConfig
+    from bio_megatron.models.albert import albert_transformer_config
+    from bio_megatron.models.bert import transformer_config
+    from bio_megatron.models.modernbert import modernbert_transformer_config
+
+    build = {"megatron_bert": transformer_config, "albert": albert_transformer_config,
+             "modernbert": modernbert_transformer_config}[family]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = build(ModelConfig(size="tiny", family=family), torch.bfloat16)
+    built = importlib.util.find_spec("scaled_masked_softmax_cuda") is not None  # Apex's build; not on our machines
+    assert cfg.bias_activation_fusion is False and cfg.masked_softmax_fusion is built
+    softmax = FusedScaleMaskSoftmax(input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.padding,
+                                    scaled_masked_softmax_fusion=cfg.masked_softmax_fusion, mask_func=None,
+                                    softmax_in_fp32=True, scale=None)
+    assert softmax.is_kernel_available(None, b=4, np=4, sq=32, sk=32) is False

@@ -70,11 +70,10 @@ def embedding_width(m: ModelConfig) -> int:
 
 
 def albert_transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:
-    """BERT's TransformerConfig with ALBERT's activation. megatron's fused bias-GELU kernel is exact GELU only,
-    so it is off (the MLP then applies ``gelu_new`` itself)."""
+    """BERT's TransformerConfig with ALBERT's activation, which the MLP applies itself (BERT's config already has
+    megatron's fused bias-GELU off: a fixed tanh approximation, whichever activation is configured)."""
     cfg = transformer_config(m, dtype)
     cfg.activation_func = gelu_new if (m.hidden_act or "gelu_new") == "gelu_new" else F.gelu
-    cfg.bias_activation_fusion = False
     return cfg
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import importlib.util
 import warnings
 
 import torch
@@ -104,6 +105,10 @@ def transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> Tr
         return _transformer_config(m, s, on_gpu, dtype)
 
 
+def _have_fused_softmax() -> bool:
+    return importlib.util.find_spec("scaled_masked_softmax_cuda") is not None
+
+
 def _transformer_config(m: ModelConfig, s, on_gpu: bool, dtype: torch.dtype) -> TransformerConfig:
     return TransformerConfig(
         num_layers=s.num_layers, hidden_size=s.hidden_size, ffn_hidden_size=s.ffn_hidden_size,
@@ -116,7 +121,12 @@ def _transformer_config(m: ModelConfig, s, on_gpu: bool, dtype: torch.dtype) -> 
         params_dtype=dtype, pipeline_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
         # Weights are initialised by bio_megatron.models.init (identically for every layout).
         perform_initialization=False, use_cpu_initialization=not on_gpu,
-        bias_activation_fusion=on_gpu, masked_softmax_fusion=on_gpu, gradient_accumulation_fusion=False,
+        # megatron's fused bias-GELU (fusions/fused_bias_gelu.py) is the tanh approximation: fused, a GPU would train
+        # another activation than the CPU and than the HF checkpoints we import. Its fused masked softmax needs
+        # the compiled scaled_masked_softmax_cuda (Apex-built), which megatron imports unguarded when it checks a
+        # shape: on a GPU without it, the unfused attention of bf16/fp16 runs would die on ModuleNotFoundError.
+        bias_activation_fusion=False, masked_softmax_fusion=on_gpu and _have_fused_softmax(),
+        gradient_accumulation_fusion=False,
         apply_query_key_layer_scaling=False, attention_softmax_in_fp32=True,
         # TP1 has no sequence to split: a checkpoint's sequence_parallel is dropped where it is built at TP1
         # (exports, verification); pretraining refuses sequence_parallel with TP1 in its config check.

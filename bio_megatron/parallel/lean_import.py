@@ -7,9 +7,9 @@ itself 1.2-1.5 s more). Two parts of it do nothing for our commands at that poin
   fused helpers are decorated with it as their modules load; calling ``torch.compile(fn)`` imports TorchDynamo and
   Inductor's ``compile_fx`` (~2.6 s together, ~1.1 s of it Inductor alone), although compiling only ever happens on
   a helper's first call. While ``megatron.core`` loads, ``torch.compile`` is swapped for :func:`deferred_compile`,
-  which hands back a function that makes that same ``torch.compile`` call on its first use: the helpers that run
-  (on a GPU: bias-GELU with ``bias_activation_fusion``) compile exactly as before, only the imports move to their
-  first call, and the CPU paths, which never call them, never pay for them.
+  which hands back a function that makes that same ``torch.compile`` call on its first use: a helper that runs
+  compiles exactly as before, only the imports move to its first call, and the paths that never call one (ours:
+  ``models/bert.py`` keeps megatron's fusions off) never pay for them.
 * **wandb at import time.** ``megatron.core.timers`` imports wandb (0.4-3 s, when installed) for ``Timers.write``,
   which nothing here calls (our W&B logging is :mod:`bio_megatron.training.trackers`, which imports wandb itself
   when a run asks for it). ``wandb`` is hidden while ``megatron.core`` loads, so megatron's ``try: import wandb``
