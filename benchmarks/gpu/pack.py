@@ -32,6 +32,12 @@ REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = REPO / "benchmarks" / "gpu" / "wheels"
 LIMIT = 64 * 2**20  # the lent machine takes the working tree plus carried folders up to 64 MiB in all
 BASE = ("torch", "transformers", "tokenizers", "safetensors")  # what a bare GPU machine has
+# In the base, but carried at this environment's version all the same: the lent machine's transformers (5.17.0, read
+# 2026-11, /work/.library/device/KINDS.md) is below the [hf] range (utils/extras.TRANSFORMERS_SPEC) that bench and
+# --verify require, and transformers 5.23 needs regex >= 2025.10.22, a version that machine does not state. The
+# rest of transformers' requirements (huggingface-hub, tokenizers, safetensors, numpy, ...) it meets.
+CARRIED = {"transformers": "the machine's may be below the [hf] range (5.17.0 there, read 2026-11)",
+           "regex": "transformers >= 5.23 needs regex >= 2025.10.22; the machine's version is not known"}
 EXCLUDED = {"matplotlib": "bio-megatron report / benchmark report plots only; the GPU check never imports it"}
 TEST_RUNNER = ("pytest", "pytest-timeout")  # the check runs the gpu-marked tests; a bare machine has no pytest
 TARGET = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
@@ -87,6 +93,7 @@ def plan() -> tuple[dict[str, str], dict[str, str]]:
     base = closure(list(BASE))
     wanted = [n for n in runtime_requirements() if n not in EXCLUDED and n not in base]
     pack = {n: v for n, v in closure(wanted + list(TEST_RUNNER)).items() if n not in base}
+    pack.update({n: base[n] for n in CARRIED})
     return pack, base
 
 
@@ -159,7 +166,7 @@ def build(out: Path, limit: int = LIMIT) -> dict:
             "python": "3.12", "platform": "x86_64 Linux (manylinux)", "total_bytes": total,
             "base": {"names": list(BASE), "with_dependencies": sorted(base),
                      "note": "expected on the GPU machine; not in the pack"},
-            "excluded": EXCLUDED,
+            "carried_from_base": CARRIED, "excluded": EXCLUDED,
             "wheels": [{"file": w.name, "bytes": w.stat().st_size, "sha256": _sha256(w)} for w in wheels],
             "pinned": dict(sorted(pack.items())),
         }
