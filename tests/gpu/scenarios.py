@@ -10,6 +10,7 @@ is recorded as ``{"error": ...}`` and the others still run.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from typing import Any, Callable
 
 SEED = 1234
 VOCAB = 1000
+CHECK_OUT = "BIO_MEGATRON_GPU_CHECK_OUT"  # benchmarks/gpu/check.sh's output folder
 
 
 def _model_config(**kw: Any):
@@ -129,7 +131,10 @@ def recompute() -> dict[str, Any]:
         s.step()
         torch.cuda.synchronize()
         out["peak_memory_gib"][name] = torch.cuda.max_memory_allocated() / 2**30
+        # the model, its DDP and its fp32 main parameters form reference cycles (config.no_sync_func, main_param):
+        # only a collection frees them, else the next setting's peak counts this one's ~0.9 GB
         del s
+        gc.collect()
     return out
 
 
@@ -144,8 +149,8 @@ def grad_fusion() -> dict[str, Any]:
     for precision in ("32", "bf16"):
         try:
             fused = Stage(precision, gradient_accumulation_fusion=True)
-        except ConfigError as e:
-            out[precision] = {"refused": str(e)}
+        except ConfigError as e:  # its problems: the message adds the "invalid configuration:" heading
+            out[precision] = {"refused": e.problems}
             continue
         fused_loss = fused.forward_backward()
         unfused = Stage(precision, gradient_accumulation_fusion=False)
@@ -167,6 +172,8 @@ def main(out: str) -> int:
 
     results: dict[str, Any] = {"cuda": torch.cuda.is_available(),
                                "device": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    # check.sh's folder too, after every scenario: a run killed at its time limit still leaves what it measured
+    keep = [Path(out)] + ([Path(os.environ[CHECK_OUT]) / "gpu_scenarios.json"] if os.environ.get(CHECK_OUT) else [])
     init_distributed()
     try:
         for name, fn in SCENARIOS.items():
@@ -175,12 +182,17 @@ def main(out: str) -> int:
             except Exception as e:  # recorded; the test of that scenario fails with it, the others still run
                 results[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             print(f"scenario {name}: {json.dumps(results[name])[:400]}", file=sys.stderr, flush=True)
+            for path in keep:
+                _write(path, results)
     finally:
         teardown()
-    tmp = Path(f"{out}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results, indent=2) + "\n")
-    os.replace(tmp, out)
     return 0
+
+
+def _write(path: Path, results: dict[str, Any]) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(results, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

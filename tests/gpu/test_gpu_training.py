@@ -75,8 +75,8 @@ def test_gradient_accumulation_fusion_on_cuda(scenarios):
     r = _ok(scenarios, "grad_fusion")
     if not r["apex_fused_wgrad"]:
         for precision in ("32", "bf16"):
-            msg = r[precision]["refused"]
-            assert "apex" in msg and "\n" not in msg
+            (problem,) = r[precision]["refused"]  # one problem, one line
+            assert "apex" in problem and "\n" not in problem
         pytest.skip("apex's fused_weight_gradient_mlp_cuda is not installed: fusion=true is refused in one line")
     assert r["32"]["max_rel_grad_diff"] <= 1e-5, r["32"]
     # bf16: the fused GEMM accumulates into fp32 main_grad, unfused adds a bf16 gradient: bf16 rounding apart
