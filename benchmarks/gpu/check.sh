@@ -70,8 +70,10 @@ step() {
   echo "=== $name: exit $rc after ${took} s" >>"$LOG"
   printf '{"step": "%s", "rc": %d, "seconds": %d, "limit_s": %d, "timed_out": %s}\n' \
     "$name" "$rc" "$took" "$limit" "$timed_out" >>"$STEPS"
+  summarise >/dev/null 2>&1 || true  # after every step: a check killed from outside still leaves summary.json
   return 0
 }
+summarise() { "$SUMMARY_PY" "$REPO/benchmarks/gpu/summary.py" "$STEPS" "$DEST"; }
 
 # The pack as make gpu-pack wrote it: every wheel of pack.json present with its sha256.
 verify_pack() {
@@ -97,6 +99,7 @@ if (( DRY )); then
   # the stand-in for the bare machine: this tree's .venv supplies torch & co. through links, nothing else
   BASE_PY="${BASE_PYTHON:-$REPO/.venv/bin/python}"
   [[ -x "$BASE_PY" ]] || BASE_PY=python3
+  SUMMARY_PY="$BASE_PY"
   step clean_env "$LIMIT_INSTALL" "$BASE_PY" "$REPO/benchmarks/gpu/clean_env.py" "$WORK/env"
   PY="$WORK/env/bin/python"
   # which distribution provides each module, in the project's own environment: a lazy import of a distribution
@@ -108,15 +111,25 @@ if (( DRY )); then
   ( cd "$WORK" && export PYTHONPATH="$REPO:$SITE" PATH="$SITE/bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" &&
     step dry_run "$LIMIT_DRY" "$PY" -W ignore "$REPO/benchmarks/gpu/dry_run.py" "$DEST" "$SITE" "$PACK/pack.json" \
       "$WORK/dev_modules.json" )
-  SUMMARY_PY="$BASE_PY"
 else
   command -v nvidia-smi >/dev/null && nvidia-smi >>"$LOG" 2>&1 || true
   PY="$PYTHON" SUMMARY_PY="$PYTHON"
   # without a GPU visible to torch every gpu test would skip and the benchmarks crawl on the CPU: stop here
-  step cuda 30 "$PY" -c 'import sys, torch; print(torch.__version__, torch.version.cuda,
-torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE"); sys.exit(not torch.cuda.is_available())'
+  # what the machine brought, read before the pack shadows any of it (check.log keeps it)
+  step cuda 30 "$PY" -c '
+import importlib.metadata as md, sys, torch
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return "absent"
+print(torch.__version__, torch.version.cuda,
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")
+print("machine:", *(f"{d}=={version(d)}" for d in ("transformers", "tokenizers", "safetensors", "huggingface-hub",
+                                                    "regex", "numpy")))
+sys.exit(not torch.cuda.is_available())'
   if ! tail -n 1 "$STEPS" | grep -q '"rc": 0,'; then
-    "$SUMMARY_PY" "$REPO/benchmarks/gpu/summary.py" "$STEPS" "$DEST"
+    summarise
     exit 1
   fi
   step install "$LIMIT_INSTALL" bash -c 'install "$1"' install "$PY"
@@ -124,8 +137,9 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")
   export PYTHONPATH="$REPO:$SITE" PATH="$SITE/bin:$PATH" BIO_MEGATRON_GPU_CHECK_OUT="$DEST"
   cd "$REPO"
   # only our test plugins: a machine's own pytest plugins (xdist, benchmark, cov, ...) are not this pytest's
+  # --timeout: a hung test fails alone and pytest still writes its XML within the step's limit
   step gpu_tests "$LIMIT_TESTS" env PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "$PY" -m pytest -q -m gpu -p pytest_timeout \
-      -p no:cacheprovider tests/gpu --junitxml="$DEST/gpu_tests.xml"
+      --timeout=150 -p no:cacheprovider tests/gpu --junitxml="$DEST/gpu_tests.xml"
   step bench_345m "$LIMIT_BENCH" "$PY" -m bio_megatron bench pretrain --size 345m --seq 512 --precision bf16 \
       --micro-batch 8 --json "$DEST/bench_345m.json"
   step memory_1p2b "$LIMIT_MEMORY" "$PY" benchmarks/gpu/memory.py --size 1.2b --seq 512 --precision bf16 \
@@ -139,4 +153,4 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")
   fi
 fi
 
-"$SUMMARY_PY" "$REPO/benchmarks/gpu/summary.py" "$STEPS" "$DEST" || exit 1
+summarise || exit 1

@@ -378,6 +378,10 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         else:  # one side after the other, its memory freed in between: peak GPU memory per side
             times = time_steps({label_ours: ours}, args.steps, args.warmup)
             memory[label_ours] = peak_memory_gib()
+            if args.json and not args.skip_hf:  # a baseline that fails or runs out of time leaves our figures
+                write_json_atomic(args.json, {**res, "ours": {**ours_info, **throughput(
+                    times[label_ours], args.micro_batch, args.seq, flops_ours, peak, measured,
+                    memory[label_ours])}, "hf": "not measured: the run ended before the transformers side did"})
             del ours
             free_memory()
             if not args.skip_hf:

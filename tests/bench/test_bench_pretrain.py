@@ -33,3 +33,30 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
     assert res["ours"]["optimizer"] == "AdamW (fused)" and res["hf"]["optimizer"] == "AdamW (fused)"
     assert res["ratio_tokens_per_s"] > 0
     assert abs(res["ratio_tokens_per_s"] - res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]) < 1e-9
+
+
+def _cli_with_failing_baseline(argv: list[str]) -> str:
+    import bio_megatron.bench.pretrain as bench
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("the transformers side broke")
+
+    bench.hf_step = fail
+    try:
+        _cli(argv)
+    except RuntimeError as e:
+        return str(e)
+    return "no error"
+
+
+def test_sequential_schedule_keeps_our_figures_when_the_baseline_fails(tmp_path):
+    """The GPU schedule (one side after the other) writes our side to ``--json`` before the transformers side runs:
+    a GPU check whose baseline fails or runs out of time still returns our throughput."""
+    out = tmp_path / "bench.json"
+    (err,) = run_world(1, _cli_with_failing_baseline, ["bench", "pretrain", "--size", "tiny", "--steps", "2",
+                                                       "--warmup", "1", "--seq", "32", "--micro-batch", "2",
+                                                       "--precision", "32", "--schedule", "sequential",
+                                                       "--json", str(out)], timeout=120)
+    assert err == "the transformers side broke"
+    res = json.loads(out.read_text())
+    assert res["ours"]["tokens_per_s"] > 0 and res["hf"].startswith("not measured")
