@@ -22,13 +22,19 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                    "between sentences")
     n.set_defaults(func=run_ner)
 
-    r = ev.add_parser("re", help="ChemProt micro P/R/F1 over CPR:3,4,5,6,9 (fractions, as scikit-learn)")
-    r.add_argument("--gold", required=True, help="one label per line, or NeMo 'sentence<TAB>label' tsv")
+    r = ev.add_parser("re", help="relation extraction micro P/R/F1 over the positive classes (fractions, as "
+                                 "scikit-learn): ChemProt's CPR:3,4,5,6,9 or i2b2 2010's eight types")
+    r.add_argument("--dataset", choices=["chemprot", "i2b2_2010"], default="chemprot",
+                   help="whose labels and positives: chemprot (default; 'false' and CPR groups 1, 2, 7, 8, 10 are "
+                        "negatives) or i2b2_2010 (BLUE: PIP, TeCP, TeRP, TrAP, TrCP, TrIP, TrNAP, TrWP; 'false' "
+                        "excluded)")
+    r.add_argument("--gold", required=True, help="one label per line, or NeMo 'sentence<TAB>label' tsv; with "
+                                                 "--dataset i2b2_2010 also BLUE's 'index<TAB>sentence<TAB>label' TSV")
     r.add_argument("--pred", required=True, help="one label per line (gold label names, or integer ids with "
                                                   "--label-ids) or `predict re`'s JSON lines, same order as --gold")
     r.add_argument("--label-ids", "--label-map", dest="label_ids", metavar="FILE",
                    help="the model's label_ids.csv mapping integer ids to names: needed for integer ids in --pred "
-                        "(a gold NeMo tsv's ids default to false, CPR:3, CPR:4, CPR:5, CPR:6, CPR:9)")
+                        "(a gold NeMo tsv's ids default to the dataset's labels in order: false first)")
     r.set_defaults(func=run_re)
 
     s = ev.add_parser("squad", help="official SQuAD v1.1/v2.0 evaluation (percent)")
@@ -66,20 +72,41 @@ def run_ner(args: argparse.Namespace) -> int:
 
 
 def run_re(args: argparse.Namespace) -> int:
-    from bio_megatron.evaluation.chemprot import CHEMPROT_LABELS, chemprot_scores, read_label_column
+    from bio_megatron.evaluation.chemprot import chemprot_scores, read_label_column
+    from bio_megatron.tasks.i2b2_relations import HEADER, read_i2b2_relations
     from bio_megatron.tasks.ner_data import read_label_ids
+    from bio_megatron.tasks.re import label_set
     from bio_megatron.utils.errors import DataError
 
+    labels, positives = label_set(args.dataset)
     mapping = None
     if args.label_ids:
         mapping = {i: label for label, i in read_label_ids(args.label_ids).items()}
-    gold = read_label_column(args.gold, mapping)
+        if other := sorted(set(mapping.values()) - set(labels)):  # scored with the wrong positives: all zeros
+            raise DataError(f"labels {other} are not --dataset {args.dataset}'s ({', '.join(labels)}); give the "
+                            f"model's dataset with --dataset", args.label_ids)
+    if args.dataset == "i2b2_2010" and _first_line(args.gold).split("\t") == HEADER:  # BLUE's own TSV
+        gold = [e.label for e in read_i2b2_relations(args.gold)]
+    else:  # ChemProt's groups other than the five scored (CPR:1, ...) are negatives; i2b2 2010 has only its labels
+        gold = read_label_column(args.gold, mapping or dict(enumerate(labels)),
+                                 names=None if args.dataset == "chemprot" else labels)
     # a prediction is a name of the label set or a gold label; an integer id only through the model's map
-    names = set(mapping.values() if mapping else CHEMPROT_LABELS) | set(gold)
+    names = set(mapping.values() if mapping else labels) | set(gold)
     pred = read_label_column(args.pred, mapping, names=names, ids=mapping is not None)
     if len(gold) != len(pred):
         raise DataError(f"{len(gold)} gold labels ({args.gold}) but {len(pred)} predictions", args.pred)
-    return emit(chemprot_scores(gold, pred))
+    return emit(chemprot_scores(gold, pred, positives))
+
+
+def _first_line(path: str) -> str:
+    """The first non-blank line: BLUE's header tells its TSV from a label column."""
+    from bio_megatron.evaluation.inputs import iter_lines
+
+    lines = iter_lines(path, "BLUE's i2b2 2010 relation TSV or one label per line")
+    try:
+        return next((line for _, line in lines if line.strip()), "")
+    finally:
+        lines.close()
 
 
 def run_squad(args: argparse.Namespace) -> int:

@@ -52,6 +52,43 @@ def test_score_is_micro_f1_over_the_eight_types_without_false():
         assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f), abs=1e-12), seed
 
 
+def test_evaluate_re_scores_i2b2_2010_through_the_cli(tmp_path, capsys):
+    """``evaluate re --dataset i2b2_2010`` reads BLUE's TSV as gold and predict re's JSON lines (or ids through the
+    model's label map) and equals scikit-learn's micro P/R/F1 over the eight types; ChemProt's default refuses
+    i2b2 labels rather than scoring them as negatives."""
+    import json
+
+    from bio_megatron.cli import main
+
+    gold = [e.label for f in ("train.tsv", "dev.tsv", "test.tsv") for e in read_i2b2_relations(DATA / f)] * 5
+    rows = [f"r{i}\t@problem$ with @treatment$ .\t{g}" for i, g in enumerate(gold)]
+    (tmp_path / "gold.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
+    rng = random.Random(7)
+    pred = [g if rng.random() < 0.5 else rng.choice(I2B2_RE_LABELS) for g in gold]
+    (tmp_path / "pred.jsonl").write_text("".join(json.dumps({"label": p, "score": 0.9}) + "\n" for p in pred))
+    (tmp_path / "ids.txt").write_text("".join(f"{I2B2_RE_LABELS.index(p)}\n" for p in pred))
+    (tmp_path / "label_ids.csv").write_text("".join(f"{label}\n" for label in I2B2_RE_LABELS))
+    p, r, f, _ = precision_recall_fscore_support(gold, pred, labels=list(I2B2_RE_POSITIVES), average="micro",
+                                                 zero_division=0)
+    for extra in (["--pred", str(tmp_path / "pred.jsonl")],
+                  ["--pred", str(tmp_path / "ids.txt"), "--label-ids", str(tmp_path / "label_ids.csv")]):
+        assert main(["evaluate", "re", "--dataset", "i2b2_2010", "--gold", str(tmp_path / "gold.tsv"), *extra]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert (got["precision"], got["recall"], got["f1"]) == pytest.approx((p, r, f), abs=1e-12), extra
+    # i2b2 labels under ChemProt's default would score as negatives (all zeros): refused, naming the file
+    rc, message = run_cli(["evaluate", "re", "--gold", str(tmp_path / "ids.txt"), "--pred", str(tmp_path / "ids.txt"),
+                           "--label-ids", str(tmp_path / "label_ids.csv")])
+    assert rc == 2 and "label_ids.csv" in message and "--dataset chemprot" in message
+    (tmp_path / "names.txt").write_text("\n".join(gold) + "\n")
+    rc, message = run_cli(["evaluate", "re", "--gold", str(tmp_path / "names.txt"), "--pred",
+                           str(tmp_path / "names.txt")])
+    assert rc == 2 and "unknown label" in message and "names.txt:1" in message
+    (tmp_path / "cpr.txt").write_text("CPR:3\nfalse\n")
+    rc, message = run_cli(["evaluate", "re", "--dataset", "i2b2_2010", "--gold", str(tmp_path / "cpr.txt"),
+                           "--pred", str(tmp_path / "cpr.txt")])
+    assert rc == 2 and "cpr.txt:1" in message
+
+
 @pytest.mark.parametrize("line,needle", [
     ("0001.l0.l1\t@test$ revealed @problem$ .\tTrXX", "label 'TrXX' is not one of"),
     ("0001.l0.l1\t@test$ revealed @problem$ .", "2 tab-separated field(s)"),
