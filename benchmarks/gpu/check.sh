@@ -8,6 +8,7 @@
 #                  measured in the same run
 #   memory_1p2b    the 1.2b model with the distributed optimizer and full recompute: peak memory per micro-batch
 #   bench_finetune bio-megatron bench finetune, where this tree has it
+#   smoke          a user's path through the CLI: finetune ner (tiny, bf16), predict ner with 2 workers, export hf
 # and writes check.log, each step's JSON and summary.json into OUT (the argument, else $OUT).
 #
 #   benchmarks/gpu/check.sh [--dry-run] [OUT]
@@ -21,7 +22,7 @@ set -euo pipefail
 # --- configuration (environment) -------------------------------------------------------------------------------
 PYTHON="${PYTHON:-python3}"             # the machine's interpreter with torch & co. (not used by --dry-run)
 TOTAL_S="${TOTAL_S:-540}"               # the whole check, install included: 9 minutes
-LIMIT_INSTALL=60 LIMIT_TESTS=200 LIMIT_BENCH=150 LIMIT_MEMORY=120 LIMIT_FINETUNE=150 LIMIT_DRY=240
+LIMIT_INSTALL=60 LIMIT_TESTS=200 LIMIT_BENCH=150 LIMIT_MEMORY=120 LIMIT_FINETUNE=150 LIMIT_SMOKE=120 LIMIT_DRY=240
 # bench finetune: real BC5CDR-chem sentences of the tree (NER) and GAD (classification), bf16, the seeded tiny BERT
 BENCH_FINETUNE_ARGS="${BENCH_FINETUNE_ARGS:---ner-train tests/fixtures/finetune/bc5cdr_chem_train_head.tsv \
 --ner-dev tests/fixtures/finetune/bc5cdr_chem_devel_head.tsv --classify-train tests/fixtures/blurb/GAD/test.tsv \
@@ -151,6 +152,7 @@ sys.exit(not torch.cuda.is_available())'
   else
     echo "=== bench_finetune: not in this tree (bio-megatron bench finetune --help failed); not run" >>"$LOG"
   fi
+  step smoke "$LIMIT_SMOKE" "$PY" benchmarks/gpu/smoke.py "$DEST/smoke.json" "$WORK/smoke" --precision bf16
 fi
 
 summarise || exit 1

@@ -15,7 +15,8 @@ from typing import Any
 
 # The JSON each step writes into OUT, read into the summary (the files stay beside it).
 RESULTS = {"gpu_tests": "gpu_tests.xml", "bench_345m": "bench_345m.json", "memory_1p2b": "memory_1p2b.json",
-           "bench_finetune": "bench_finetune.json", "dry_run": "dry_run.json", "scenarios": "gpu_scenarios.json"}
+           "bench_finetune": "bench_finetune.json", "smoke": "smoke.json", "dry_run": "dry_run.json",
+           "scenarios": "gpu_scenarios.json"}
 
 
 def junit(path: Path) -> dict[str, Any]:

@@ -139,3 +139,18 @@ def test_check_on_a_machine_without_cuda_stops_after_saying_so(pack, tmp_path):
     assert not summary["ok"] and [s["step"] for s in summary["steps"]] == ["cuda"]
     log = (out / "check.log").read_text()
     assert "NO CUDA DEVICE" in log and "machine: transformers==" in log  # what the machine brought, on record
+
+
+@pytest.mark.extended  # ~40 s on 2 cores: three CLI processes, six epochs; the GPU check's last step, run on the CPU
+def test_smoke_step_runs_a_users_path_and_records_it(tmp_path):
+    """``benchmarks/gpu/smoke.py``: finetune ner (bf16) learns the real sentences, predict ner with two workers
+    returns every document, export hf writes the token-classification class; its JSON says so."""
+    out = tmp_path / "smoke.json"
+    proc = subprocess.run([PY, str(GPU / "smoke.py"), str(out), str(tmp_path / "work"), "--precision", "bf16"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    res = json.loads(out.read_text())
+    assert proc.returncode == 0 and res["ok"], res
+    assert [s["rc"] for s in res["steps"].values()] == [0, 0, 0]
+    assert res["test_f1"] > 10  # percent; 31 measured: the model learned, not only ran
+    assert res["predicted"]["documents"] == res["predicted"]["given"] and res["predicted"]["entities"] > 0
+    assert res["exported_class"] == "MegatronBertForTokenClassification"
