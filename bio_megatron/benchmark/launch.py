@@ -2,8 +2,10 @@
 
 * ``local``: the CLI's own ``main`` in a forked child. The suite imports torch and megatron-core once, so a cell
   starts in well under a second instead of paying their import (6-15 s) per cell; the child is exactly
-  ``bio-megatron finetune ...`` (same argument parsing, same exit codes), one process, CPU or one GPU (the
-  parent never touches CUDA).
+  ``bio-megatron finetune ...`` (same argument parsing, same exit codes), one process on the CPU. Where torch sees
+  a GPU the cell is ``python -m bio_megatron finetune ...`` in a process of its own instead: importing megatron-core
+  asks ``torch.cuda.is_available()``, which initialises the CUDA driver (``cuInit``), and a child forked after that
+  cannot use the GPU.
 * ``torchrun``: ``torchrun --standalone --nproc-per-node=N -m bio_megatron finetune ...`` on this host.
 * ``srun``: inside a SLURM allocation (``slurm/benchmark.sbatch``), one task per GPU on every node of the job,
   ranks from ``SLURM_*`` as ``slurm/common.sh`` launches them.
@@ -96,26 +98,33 @@ class Launcher:
                     sys.executable, "-m", "bio_megatron", *args]
         return ["bio-megatron", *args]
 
+    def forks(self) -> bool:
+        """local: fork the CLI from this process (no GPU), or start it as a process of its own (GPU)."""
+        import torch
+
+        return self.kind == "local" and not torch.cuda.is_available()
+
     def prepare(self) -> None:
-        """local: import torch and megatron-core once, before the first fork."""
-        if self.kind == "local":
+        """local without a GPU: import torch and megatron-core once, before the first fork."""
+        if self.forks():
             import megatron.core  # noqa: F401
-            import torch  # noqa: F401
             from megatron.core.models.bert import bert_model  # noqa: F401
 
     def start(self, args: list[str], log_path: Path) -> Child:
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.kind == "local":
-            if self.entry is None:
-                raise ValueError("Launcher('local') needs entry= (the bio-megatron entry point, cli.main)")
+        if self.kind == "local" and self.entry is None:
+            raise ValueError("Launcher('local') needs entry= (the bio-megatron entry point, cli.main)")
+        if self.forks():
             return _fork_cli(self.entry, args, log_path)
         env = {k: v for k, v in os.environ.items() if self.kind == "srun" or k not in WORLD_VARS}
+        command = [sys.executable, "-m", "bio_megatron", *args] if self.kind == "local" else self.command(args)
         with open(log_path, "a") as fh:
             fh.write(f"$ {shlex.join(self.command(args))}\n")
             fh.flush()
             group, parent = self.kind == "torchrun", os.getpid()
-            setup = (lambda: _torchrun_child(parent)) if group else (lambda: _die_with(parent))
-            p = subprocess.Popen(self.command(args), stdout=fh, stderr=subprocess.STDOUT, env=env,
+            # torchrun's agent dies of USR1, and so would a local cell before its trainer's handler is in place
+            setup = (lambda: _ignore_usr1_child(parent)) if self.kind != "srun" else (lambda: _die_with(parent))
+            p = subprocess.Popen(command, stdout=fh, stderr=subprocess.STDOUT, env=env,
                                  start_new_session=group, preexec_fn=setup)
         return Child(p.pid, group, p)
 
@@ -131,9 +140,9 @@ def _die_with(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _torchrun_child(parent: int) -> None:
+def _ignore_usr1_child(parent: int) -> None:
     _die_with(parent)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the torchrun agent dies of USR1; its trainers handle it
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec; the trainer installs its own handler
 
 
 def _fork_cli(entry: Callable[[list[str]], int], args: list[str], log_path: Path) -> Child:
