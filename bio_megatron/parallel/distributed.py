@@ -110,10 +110,11 @@ def init_model_parallel(tp: int, pp: int, seed: int) -> None:
     model_parallel_cuda_manual_seed(stage_seed)
 
 
-def single_process() -> None:
+def single_process(local_rank: int = 0) -> None:
     """A one-process gloo/NCCL world with TP1/PP1: dist-checkpointing reshards any saved layout into it (the
-    readers and writers of checkpoints at TP1: ``formats/``, ``predict``)."""
-    init_distributed(resolve_world({}))
+    readers and writers of checkpoints at TP1: ``formats/``, ``predict``). ``local_rank`` picks the GPU (modulo
+    the count), as for a rank: ``predict ner``'s workers spread over the machine's GPUs."""
+    init_distributed(dataclasses.replace(resolve_world({}), local_rank=local_rank))
     init_model_parallel(1, 1, seed=0)
 
 

@@ -204,10 +204,14 @@ def _context():
     the parent (or a test process forking it) may well have run torch. ``forkserver``: one fresh interpreter that
     imports torch, megatron-core and the loader once (:mod:`.pool_preload`, no torch operation run, one thread)
     and forks every worker from there, so a pool of N costs one import instead of N ``spawn`` ones. ``spawn`` where
-    the platform has no fork server."""
+    the platform has no fork server, and where torch sees a GPU: megatron-core's import asks
+    ``torch.cuda.is_available()``, which initialises the CUDA driver in the fork server, and its forks could not
+    use the GPU."""
     import multiprocessing as mp
 
-    if "forkserver" not in mp.get_all_start_methods():
+    import torch
+
+    if "forkserver" not in mp.get_all_start_methods() or torch.cuda.is_available():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
@@ -232,8 +236,8 @@ class _Workers:
         ctx = _context()
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
         threads = max(1, torch.get_num_threads() // n)  # the cores are shared: one worker's torch threads each
-        self.procs = [ctx.Process(target=_worker, args=(checkpoint, batch_size, threads, self.tasks, self.results),
-                                  daemon=True) for _ in range(n)]
+        self.procs = [ctx.Process(target=_worker, args=(checkpoint, batch_size, threads, self.tasks, self.results, i),
+                                  daemon=True) for i in range(n)]
         for p in self.procs:
             p.start()
         log.info("predict ner: %d worker processes (%s), %d torch thread(s) each", n, ctx.get_start_method(), threads)
@@ -289,9 +293,10 @@ class _Workers:
                 p.join()
 
 
-def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results) -> None:
-    """One worker: its own one-process world (not the launcher's ranks: each worker is a world of one), the model
-    loaded once, then whole windows until told to stop."""
+def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results, index: int = 0) -> None:
+    """One worker: its own one-process world (not the launcher's ranks: each worker is a world of one), on GPU
+    ``index`` modulo the machine's count where there are GPUs (not every worker on the first), the model loaded
+    once, then whole windows until told to stop."""
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS"):
         os.environ.pop(key, None)
     import torch
@@ -302,7 +307,7 @@ def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results) -> N
     from bio_megatron.predict.ner import predict_window
 
     try:
-        single_process()
+        single_process(local_rank=index)
         loaded = load_finetuned(checkpoint, "ner")
         while (task := tasks.get()) is not None:
             k, docs = task
