@@ -132,7 +132,11 @@ def verify_import(reference: Forward, checkpoint: str | Path, *, tolerance: floa
     if vocab_size is None or max_positions is None:
         raise ValueError("verify_import: pass vocab_size and max_positions together with ours")
     ids, mask, types = fixed_batch(vocab_size, max_positions, seq, num_tokentypes=num_tokentypes)
-    diffs = compare(reference(ids, mask, types), ours(ids, mask, types), mask, vocab_size)
+    # the reference (transformers, on the CPU) and ours (on this rank's GPU where there is one: models/init.on_device)
+    # each get the batch where their weights are; the outputs are compared on the CPU
+    here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    mine = {k: v.cpu() for k, v in ours(ids.to(here), mask.to(here), types.to(here)).items()}
+    diffs = compare(reference(ids, mask, types), mine, mask, vocab_size)
     worst = max(diffs.values())
     return {"verified": bool(worst <= tolerance), "max_abs_diff": worst, "outputs": diffs, "tolerance": tolerance,
             "reference": source, "checkpoint": str(checkpoint),

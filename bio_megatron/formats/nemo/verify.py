@@ -68,7 +68,7 @@ def verify_nemo_import(state: ModelState, checkpoint: str | Path, tolerance: flo
 
     loaded = load_finetuned(checkpoint)
     head = loaded.model.head
-    ref_head = copy.deepcopy(head)
+    ref_head = copy.deepcopy(head).cpu()  # beside the transformers encoder (ours may be on a GPU)
     ref_head.load_state_dict({k[len("head."):]: v.float() for k, v in state.head.items()})
     encoder = _encoder_reference(state)
 
