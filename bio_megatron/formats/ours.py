@@ -75,6 +75,10 @@ def read_pretraining(src: Source) -> tuple[torch.nn.Module, ModelConfig, object]
 _HEAD_KEYS = ("num_fc_layers", "num_output_layers", "fc_dropout", "activation", "use_transformer_init")
 
 
+def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+
+
 def read_ours(checkpoint: str | Path, default_labels: Sequence[str] | None = None,
               accept: Callable[[Source], None] | None = None) -> ModelState:
     """Our checkpoint ``checkpoint`` (pretraining or fine-tuned; directory, its checkpoints folder or run dir; any
@@ -95,13 +99,15 @@ def read_ours(checkpoint: str | Path, default_labels: Sequence[str] | None = Non
     single_process()
     head: dict[str, torch.Tensor] = {}
     settings: dict = {}
+    # on the CPU: a writer's torch.save would otherwise tag them with the GPU they were read onto, and a CPU-only
+    # machine's plain torch.load of the export would fail
     if src.task is None:
         model, m, tok = read_pretraining(src)
-        tensors, labels = normalise(model.state_dict()), None
+        tensors, labels = _on_cpu(normalise(model.state_dict())), None
     else:
         loaded = load_finetuned(src.path, default_labels=default_labels)
         m, tok, labels = loaded.cfg.model, loaded.tokenizer, loaded.labels
-        full = normalise(loaded.model.state_dict())
+        full = _on_cpu(normalise(loaded.model.state_dict()))
         head = {k: v for k, v in full.items() if k.startswith("head.")}
         tensors = {k: v for k, v in full.items() if not k.startswith("head.")}
         h = m.classifier_head if hasattr(m, "classifier_head") else m.head

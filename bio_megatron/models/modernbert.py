@@ -98,11 +98,16 @@ class UnappliedNorm(BiasFreeLayerNorm):
         return hidden
 
 
+def rope_angles(positions: torch.Tensor, dim: int, base: float) -> torch.Tensor:
+    """``[..., dim]`` angles ``pos * base^(-2i/dim)`` of integer ``positions`` [...], repeated for both halves."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device) / dim))
+    freqs = positions.to(torch.float32)[..., None] * inv_freq
+    return torch.cat((freqs, freqs), dim=-1)
+
+
 def rope_table(seq: int, dim: int, base: float, device: torch.device) -> torch.Tensor:
-    """megatron's rotary layout [s, 1, 1, dim]: angles ``pos * base^(-2i/dim)`` repeated for both halves."""
-    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
-    freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
-    return torch.cat((freqs, freqs), dim=-1)[:, None, None, :]
+    """megatron's rotary layout [s, 1, 1, dim] for positions 0 .. seq-1."""
+    return rope_angles(torch.arange(seq, device=device), dim, base)[:, None, None, :]
 
 
 class RopeSelfAttention(SelfAttention):
@@ -117,12 +122,10 @@ class RopeSelfAttention(SelfAttention):
         0 .. s-1 in every row)."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor, **kwargs):
-        # as long as the largest position (positions may start past 0: the relative-position property's test)
-        seq = hidden_states.shape[0] if self.positions is None else max(hidden_states.shape[0],
-                                                                          int(self.positions.max()) + 1)
-        table = rope_table(seq, self.config.kv_channels, self.rope_base, hidden_states.device)
-        if self.positions is not None:  # [s, 1, 1, d] -> each row's own positions: [s, b, 1, d]
-            table = table[:, 0, 0][self.positions.t()].unsqueeze(2)
+        if self.positions is None:
+            table = rope_table(hidden_states.shape[0], self.config.kv_channels, self.rope_base, hidden_states.device)
+        else:  # each row's own positions, [s, b, 1, d]: computed from them, no table to size (no GPU sync per layer)
+            table = rope_angles(self.positions.t(), self.config.kv_channels, self.rope_base).unsqueeze(2)
         kwargs["rotary_pos_emb"] = (table, table)
         return super().forward(hidden_states, attention_mask, **kwargs)
 
@@ -145,10 +148,12 @@ class WindowedDotProductAttention(DotProductAttention):
 
 
 def modernbert_transformer_config(m: ModelConfig, dtype: torch.dtype = torch.float32) -> TransformerConfig:
-    """BERT's TransformerConfig with ModernBERT's GeGLU (exact GELU), no linear biases, unfused bias-activation."""
+    """BERT's TransformerConfig with ModernBERT's GeGLU (exact GELU), no linear biases, unfused bias-activation,
+    and no fused masked softmax even where Apex built it: the global layers pass the key-padding mask [b,1,1,s],
+    which the fused kernel refuses (it wants [b,1,s,s]); torch's softmax broadcasts it."""
     cfg = transformer_config(m, dtype)
     return dataclasses.replace(cfg, gated_linear_unit=True, add_bias_linear=False, add_qkv_bias=False,
-                               activation_func=F.gelu, bias_activation_fusion=False)
+                               activation_func=F.gelu, bias_activation_fusion=False, masked_softmax_fusion=False)
 
 
 def block_spec(m: ModelConfig, config: TransformerConfig) -> TransformerBlockSubmodules:

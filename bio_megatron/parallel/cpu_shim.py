@@ -204,7 +204,8 @@ def distopt_load_state_dict(self, state_dict):
     step = float(next(iter(steps))) if len(steps) == 1 else None
     for st in self.optimizer.state.values():
         if torch.is_tensor(st.get("step")):
-            st["step"] = (torch.tensor(step, dtype=torch.float32) if step is not None
+            # where torch put it: on the CPU, or beside the parameter for a fused/capturable Adam on a GPU
+            st["step"] = (torch.tensor(step, dtype=torch.float32, device=st["step"].device) if step is not None
                           else st["step"].detach().clone())
     return r
 
