@@ -162,3 +162,29 @@ def test_the_core_path_runs_without_transformers_and_the_hf_extra_keeps_it(insta
         assert not [n for n in sorted(x.name for x in site.iterdir()) if n.startswith(("torch", "transformers"))]
     finally:
         pth.unlink()  # the module's environment is again the one without transformers
+
+
+def test_the_te_extra_resolves_next_to_the_environment_s_torch(tmp_path):
+    """``pip install '.[te]'``, resolved against the package index in this environment (``--dry-run``; no build
+    isolation, as Transformer Engine's own instructions say: ``transformer_engine_torch``'s requirements are computed
+    against the installed torch and its CUDA): Transformer Engine's packages in the ``[te]`` range come, and nothing
+    the environment has is replaced (torch, transformers, megatron-core, numpy). Whether TE then runs needs a GPU
+    (``docs/DEVELOPMENT.md``). Needs the index: a failure under CI, a skip elsewhere."""
+    import os
+
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--dry-run",
+                           "--no-build-isolation", "--quiet", "--report", str(report), f"{ROOT}[te]"],
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode:
+        message = f"pip could not resolve .[te] against the index: {done.stderr.strip()[-400:]}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    install = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"]
+               for i in json.loads(report.read_text())["install"]}
+    (te,) = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["te"]
+    te = Requirement(te)
+    assert install.get("transformer-engine") in te.specifier, install
+    assert "transformer-engine-torch" in install, install  # the [pytorch] extra's part, built for this torch
+    assert not set(install) & {"torch", "transformers", "megatron-core", "numpy"}, install
