@@ -126,28 +126,27 @@ def test_paper_suite_killed_after_a_cell_resumes_without_redoing_it(model, tmp_p
     assert {n: (out / n).read_bytes() for n in saved} == saved
 
 
-@pytest.mark.parametrize("cells", ["forked", "own_process"])
-def test_sigusr1_stops_the_cell_which_the_rerun_continues(model, tmp_path, cells):
+def test_sigusr1_stops_the_cell_which_the_rerun_continues(model, tmp_path):
     """SLURM's time-limit warning: the suite passes USR1 to the fine-tuning, which saves <run>/resume and exits;
     the suite stops with 75 and the rerun continues that fine-tuning instead of starting it again. Both ways a
-    local cell starts: forked (no GPU) and as a process of its own (GPU: ``_suite_seeing_a_gpu``)."""
-    suite = _suite if cells == "forked" else _suite_seeing_a_gpu
+    local cell starts: the stopped run as a process of its own (as on a GPU machine: ``_suite_seeing_a_gpu``),
+    the rerun forked (no GPU)."""
     out = tmp_path / "suite"
     argv = ["benchmark", "paper", "--model", str(model), "--out", str(out), "--datasets", "bc5cdr_chem", "--seeds", "42",
             "--recipe-map", str(write_map(tmp_path / "map.yaml", paper_map(tmp_path))), "--no-grid",
             "--epochs", "20", "--max-examples", "32", "trainer.val_check_interval=1000"]  # 80 steps, dev at the end
     cell = out / "cells" / "bc5cdr_chem" / "seed42"
-    world = start_world(1, suite, argv)
+    world = start_world(1, _suite_seeing_a_gpu, argv)
     deadline = time.time() + 240
     while "step 1/80" not in ((cell / "finetune.log").read_text() if (cell / "finetune.log").exists() else "") \
             and time.time() < deadline:
         time.sleep(0.05)
     kids = [" ".join(c.cmdline()) for c in psutil.Process(world.procs[0].pid).children()]
-    assert any("-m bio_megatron finetune" in k for k in kids) == (cells == "own_process"), kids
+    assert any("-m bio_megatron finetune" in k for k in kids), kids  # not a fork of the suite
     os.kill(world.procs[0].pid, signal.SIGUSR1)  # the suite process only, as the batch shell signals it
     assert world.join(120) == [75]
     assert (cell / "run" / "seed42" / "resume").is_dir() and not (cell / "cell.json").exists()
-    assert run_world(1, suite, argv) == [0]
+    assert run_world(1, _suite, argv) == [0]  # no GPU seen: the continuing cell is forked
     log = (cell / "finetune.log").read_text()
     assert _launches(cell) == 2 and "resumed fine-tuning from" in log
     assert json.loads((cell / "cell.json").read_text())["raw"]["test"]["f1"] >= 0

@@ -109,27 +109,24 @@ def test_streamed_output_equals_one_shot_for_any_window_and_worker_count(corpus)
         assert not Path(f"{out}.partial").exists() and not Path(f"{out}.partial.state").exists()
 
 
-# The CLI as on a machine with a GPU: torch.cuda.is_available() is True in this process only (the spawned workers
-# import this file as __mp_main__, not as __main__, and see the machine as it is).
-SEEING_A_GPU = """import sys
-if __name__ == "__main__":
+def _cli_run_seeing_a_gpu(argv: list[str]) -> dict:
+    """The CLI as on a machine with a GPU: torch.cuda.is_available() is True in this forked process only (spawned
+    workers are fresh interpreters and see the machine as it is)."""
     import torch
+
     torch.cuda.is_available = lambda: True
-    from bio_megatron.cli import main
-    sys.exit(main(sys.argv[1:]))
-"""
+    (res,) = _cli_runs([argv])
+    return res
 
 
 def test_workers_are_fresh_processes_where_there_is_a_gpu(corpus):
     """On a GPU machine the fork server cannot serve: importing megatron-core there initialises CUDA, and its forks
     could not use the GPU. The workers are spawned instead (each picks GPU index % count), with the same output."""
-    tmp, out = corpus["tmp"], corpus["tmp"] / "spawned.jsonl"
-    (tmp / "seeing_a_gpu.py").write_text(SEEING_A_GPU)
-    ran = subprocess.run([sys.executable, str(tmp / "seeing_a_gpu.py"), "predict", "ner", "--checkpoint",
-                          str(corpus["model"]), "--input", str(corpus["docs"]), "--out", str(out), "--workers", "2"],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "2 worker processes (spawn)" in ran.stderr
+    out = corpus["tmp"] / "spawned.jsonl"
+    (res,) = run_world(1, _cli_run_seeing_a_gpu, ["predict", "ner", "--checkpoint", str(corpus["model"]), "--input",
+                                                  str(corpus["docs"]), "--out", str(out), "--workers", "2"],
+                       timeout=300)
+    assert res["rc"] == 0 and "2 worker processes (spawn)" in res["msg"], res["msg"]
     _assert_same(_records(out), corpus["ref"])
 
 
