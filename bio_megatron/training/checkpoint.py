@@ -136,7 +136,15 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
+    saved_on_gpu = state.get("cuda") is not None
+    if saved_on_gpu != torch.cuda.is_available():
+        # megatron's tracker holds CUDA generator states on a GPU and the CPU shim's CPU ones without one: neither
+        # fits the other's generators (a GPU refuses "RNG state is wrong size"). The tracker keeps this run's seeding.
+        log.warning("checkpoint saved on a %s, resumed on a %s: the dropout random streams restart from the seed, so "
+                    "the run is not bit-identical to an uninterrupted one", "GPU" if saved_on_gpu else "CPU",
+                    "CPU" if saved_on_gpu else "GPU")
+        return
+    if saved_on_gpu:
         torch.cuda.set_rng_state(state["cuda"])
     tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
