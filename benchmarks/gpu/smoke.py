@@ -20,21 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bio_megatron.corpus.iob import read_iob
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "nemo_configs" / "ner" / "tiny_ner.yaml"
 SENTENCES = REPO / "tests" / "fixtures" / "finetune" / "bc5cdr_chem_devel_head.tsv"  # token<TAB>tag, CC BY 4.0
-
-
-def sentences(path: Path = SENTENCES) -> list[str]:
-    """The fixture's sentences as plain text, one document each (what a user gives ``predict ner``)."""
-    out, words = [], []
-    for line in path.read_text(encoding="utf-8").splitlines() + [""]:
-        if line.strip():
-            words.append(line.split("\t")[0])
-        elif words:
-            out.append(" ".join(words))
-            words = []
-    return out
 
 
 def cli(argv: list[str]) -> dict[str, Any]:
@@ -64,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
     docs = args.work / "docs.txt"
-    docs.write_text("".join(s + "\n" for s in sentences()), encoding="utf-8")
+    texts = [" ".join(sent.words) for sent in read_iob(SENTENCES)]  # plain text, what a user gives predict ner
+    docs.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
     res: dict[str, Any] = {"precision": args.precision, "steps": {}}
 
     def step(name: str, command: list[str]) -> dict[str, Any]:
@@ -84,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                                 str(ents), "--workers", "2"])
         if pred["rc"] == 0:
             found = [json.loads(line) for line in ents.read_text().splitlines()]
-            res["predicted"] = {"documents": len(found), "given": len(sentences()),
+            res["predicted"] = {"documents": len(found), "given": len(texts),
                                 "entities": sum(len(d["entities"]) for d in found)}
         exp = step("export", ["export", "hf", "--checkpoint", str(ckpt), "--out", str(args.work / "hf")])
         if exp["rc"] == 0:

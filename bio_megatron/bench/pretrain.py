@@ -363,6 +363,11 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         label_ours, label_hf = f"ours ({ours_info['attention']})", f"hf ({args.hf_attention})"
         hf_info = {"attention": args.hf_attention}
         memory: dict[str, float | None] = {}
+
+        def side(info: dict, label: str, flops: float) -> dict:  # one side's figures from its timed steps
+            return {**info, **throughput(times[label], args.micro_batch, args.seq, flops, peak, measured,
+                                         memory.get(label))}
+
         if res["schedule"] == "interleaved":
             hf_process = HFProcess(args, dtype, weights) if args.hf_process == "own" else None
             hf, hf_info["optimizer"] = ((hf_process.step, hf_process.optimizer) if hf_process
@@ -379,20 +384,17 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             times = time_steps({label_ours: ours}, args.steps, args.warmup)
             memory[label_ours] = peak_memory_gib()
             if args.json and not args.skip_hf:  # a baseline that fails or runs out of time leaves our figures
-                write_json_atomic(args.json, {**res, "ours": {**ours_info, **throughput(
-                    times[label_ours], args.micro_batch, args.seq, flops_ours, peak, measured,
-                    memory[label_ours])}, "hf": "not measured: the run ended before the transformers side did"})
+                write_json_atomic(args.json, {**res, "ours": side(ours_info, label_ours, flops_ours),
+                                              "hf": "not measured: the run ended before the transformers side did"})
             del ours
             free_memory()
             if not args.skip_hf:
                 hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
                 times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
                 memory[label_hf] = peak_memory_gib()
-        res["ours"] = {**ours_info, **throughput(times[label_ours], args.micro_batch, args.seq, flops_ours, peak,
-                                                  measured, memory.get(label_ours))}
+        res["ours"] = side(ours_info, label_ours, flops_ours)
         if label_hf in times:
-            res["hf"] = {**hf_info, **throughput(times[label_hf], args.micro_batch, args.seq, flops_hf, peak,
-                                                  measured, memory.get(label_hf))}
+            res["hf"] = side(hf_info, label_hf, flops_hf)
             res["ratio_tokens_per_s"] = res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
             # median step times: robust to a few steps slowed by other processes' load
             res["ratio_median_step"] = res["hf"]["step_time_median_s"] / res["ours"]["step_time_median_s"]

@@ -76,7 +76,7 @@ _HEAD_KEYS = ("num_fc_layers", "num_output_layers", "fc_dropout", "activation", 
 
 
 def _on_cpu(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in tensors.items()}
+    return {k: v.detach().cpu() for k, v in tensors.items()}  # normalise() kept tensors only
 
 
 def read_ours(checkpoint: str | Path, default_labels: Sequence[str] | None = None,

@@ -134,7 +134,9 @@ def verify_import(reference: Forward, checkpoint: str | Path, *, tolerance: floa
     ids, mask, types = fixed_batch(vocab_size, max_positions, seq, num_tokentypes=num_tokentypes)
     # the reference (transformers, on the CPU) and ours (on this rank's GPU where there is one: models/init.on_device)
     # each get the batch where their weights are; the outputs are compared on the CPU
-    here = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    from bio_megatron.models.init import rank_device
+
+    here = rank_device()
     mine = {k: v.cpu() for k, v in ours(ids.to(here), mask.to(here), types.to(here)).items()}
     diffs = compare(reference(ids, mask, types), mine, mask, vocab_size)
     worst = max(diffs.values())

@@ -58,10 +58,15 @@ def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int,
         sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU when there is one (``init_distributed`` selected it), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def on_device(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     """``model`` on this rank's GPU when there is one, in ``dtype`` (weights NOT initialised: ``init_weights``)."""
     if torch.cuda.is_available():
-        model.cuda(torch.cuda.current_device())
+        model.cuda(rank_device())
     if dtype != torch.float32:
         model.to(dtype)
     return model

@@ -293,7 +293,7 @@ class _Workers:
                 p.join()
 
 
-def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results, index: int = 0) -> None:
+def _worker(checkpoint: str, batch_size: int, threads: int, tasks, results, index: int) -> None:
     """One worker: its own one-process world (not the launcher's ranks: each worker is a world of one), on GPU
     ``index`` modulo the machine's count where there are GPUs (not every worker on the first), the model loaded
     once, then whole windows until told to stop."""
