@@ -46,7 +46,8 @@ def load_into(model: nn.Module, src: Source, encoder_only: bool) -> set[str]:
         full = read_hf_state(src.path, model.shape, model.padded_vocab)
         filled = load_full_state(model, full, skip_prefix="head." if encoder_only else None)
         taken = []
-        for _, sh in sharded_parts(model.sharded_state_dict()):  # the last stage's head, at any TP layout
+        # the last stage's head, at any TP layout (only a family that inherits head tensors walks the model again)
+        for _, sh in sharded_parts(model.sharded_state_dict()) if inherit else ():
             if isinstance(sh, ShardedTensor) and inherit.get(sh.key) in full:
                 with torch.no_grad():
                     sh.data.copy_(full[inherit[sh.key]][sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
