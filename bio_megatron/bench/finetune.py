@@ -11,7 +11,9 @@ same examples (our task reader's, ``model.dataset.max_train_examples`` of them),
   alternates their timed steps (ours, theirs, then theirs, ours, ...) so that other jobs' load weighs on both;
   examples/s from the mean step time. With ``--packing`` our side packs each micro-batch's examples into shared
   rows (``model.dataset.packing``: the same examples, losses and update, fewer padded positions) while transformers
-  keeps the padded batch its Trainer would build; the JSON counts the token positions each side ran.
+  keeps the padded batch its Trainer would build; the JSON counts the token positions each side ran. With
+  ``--group-by-length`` both sides take steps of similar-length examples (``model.dataset.group_by_length``; the
+  same batches, as transformers' own ``group_by_length`` would give it).
 * **epoch**: one epoch end to end, each side a fresh process as users run it: ``bio-megatron finetune`` (reading
   the files, tokenizing, training, the dev evaluation, saving the checkpoint) against
   :mod:`bio_megatron.bench.hf_baseline` (the same examples, tokenizing, training, dev predictions,
@@ -70,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--packing", action="store_true",
                         help="our side packs each micro-batch's examples into shared rows (model.dataset.packing=true); "
                         "transformers gets the same examples padded, as its Trainer does")
+    parser.add_argument("--group-by-length", action="store_true",
+                        help="training steps of similar-length examples (model.dataset.group_by_length=true); "
+                        "transformers takes the same batches, as its own group_by_length would give it")
     parser.add_argument("--threads", type=int, default=1, help="torch threads on both sides (default 1)")
     parser.add_argument("--json", default=None, help="write the results here (atomically)")
 
@@ -112,6 +117,8 @@ def overrides(args: argparse.Namespace, task: str, folder: Path, train: str, dev
             "exp_manager.create_tensorboard_logger=false"]
     if args.packing:  # the same examples and losses, fewer padded tokens (tasks/packing.py)
         over.append("model.dataset.packing=true")
+    if args.group_by_length:  # steps of similar-length examples (tasks/batch_order.py)
+        over.append("model.dataset.group_by_length=true")
     if task == "ner":
         return over + ["model.head.num_fc_layers=1", "model.head.fc_dropout=0.1", "model.dataset.format=iob",
                        "model.dataset.ignore_extra_tokens=true"]
@@ -294,6 +301,7 @@ def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[
     timed = plan[args.warmup:]
     seqs = [max(int(b["attention_mask"].sum(-1).max()) for b in micro) for micro in timed]
     res: dict[str, Any] = {"steps": args.steps, "warmup": args.warmup, "batch": args.batch, "packing": args.packing,
+                           "group_by_length": args.group_by_length,
                            "mean_padded_length": sum(micro[0]["input_ids"].shape[1] for micro in timed) / args.steps,
                            "mean_longest_example": sum(seqs) / len(seqs)}
     # Token positions each side's encoder ran per step (the real tokens are the same on both): HF's padded batch;
@@ -319,7 +327,7 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
     neither epoch's figure rests on how much padding its own shuffle happened to draw."""
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.formats.source import resolve_source
-    from bio_megatron.tasks.finetune import epoch_order
+    from bio_megatron.tasks.batch_order import epoch_order, length_grouped_order
     from bio_megatron.tasks.protocol import TASKS
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -339,7 +347,10 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
         path = tmp / f"{task}_{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         paths.append(path)
-    return paths[0], paths[1], epoch_order(len(reader.train.features), cfg.trainer.seed, 0)
+    n, seed = len(reader.train.features), cfg.trainer.seed
+    order = length_grouped_order(n, lambda i: reader.length(reader.train, i), cfg.model.global_batch_size, seed, 0) \
+        if cfg.model.dataset.group_by_length else epoch_order(n, seed, 0)
+    return paths[0], paths[1], order
 
 
 def measure_epoch(args: argparse.Namespace, task: str, folder: Path, over: list[str], tmp: Path) -> dict:
@@ -386,7 +397,7 @@ def summary_lines(res: dict) -> list[str]:
     for task, r in res["tasks"].items():
         if "step" in r:
             s = r["step"]
-            packed = ", ours packed" if s.get("packing") else ""
+            packed = (", ours packed" if s.get("packing") else "") + (", grouped by length" if s.get("group_by_length") else "")
             out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}{packed}, "
                        f"{res['precision']}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
                        f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "

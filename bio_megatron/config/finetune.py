@@ -98,7 +98,16 @@ class ClassifierHeadConfig:
 
 
 @dataclass
-class NerDatasetConfig:
+class _DatasetBase:
+    """What every task's ``model.dataset`` has."""
+
+    group_by_length: bool = False
+    """true: each training step's examples are of similar length, so a step pads little (transformers'
+    ``group_by_length``; tasks/batch_order.py). The epoch's examples are the same; which share a step changes."""
+
+
+@dataclass
+class NerDatasetConfig(_DatasetBase):
     data_dir: str = "../shared/data/ner/BC5CDR-chem"
     format: Literal["iob", "nemo", "blue", "i2b2_2010", "i2b2_2012", "i2b2_2014", "share_clefe"] = "iob"
     """iob: ``token<TAB>tag`` files; nemo: ``text_<split>.txt`` with ``labels_<split>.txt`` beside it; blue: BLUE's
@@ -132,7 +141,7 @@ class NerDatasetConfig:
 
 
 @dataclass
-class ReDatasetConfig:
+class ReDatasetConfig(_DatasetBase):
     data_dir: str = "../shared/data/re/chemprot-scibert"
     format: Literal["scibert", "chemprot_original", "nemo", "i2b2_2010"] = "scibert"
     """ChemProt as SciBERT's JSON lines, the BioCreative VI release or NeMo tsv; i2b2_2010: BLUE's i2b2 2010 relation
@@ -149,7 +158,7 @@ class ReDatasetConfig:
 
 
 @dataclass
-class QaDatasetConfig:
+class QaDatasetConfig(_DatasetBase):
     data_dir: str = "../shared/data/qa/squad-v2"
     train_file: str = "train-v2.0.json"
     dev_file: str | None = "dev-v2.0.json"
@@ -179,7 +188,7 @@ class QaDatasetConfig:
 
 
 @dataclass
-class ClassifyDatasetConfig:
+class ClassifyDatasetConfig(_DatasetBase):
     """A BLURB classification dataset in its own format (:mod:`bio_megatron.tasks.classify_data`)."""
 
     task_name: Literal["pubmedqa", "bioasq_yesno", "ddi", "gad", "biosses", "hoc", "mednli", "clinicalsts",

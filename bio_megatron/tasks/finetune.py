@@ -29,6 +29,7 @@ from bio_megatron.families.task import build_task_model, init_task_model
 from bio_megatron.formats.fill import load_into, task_padded_vocab
 from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
+from bio_megatron.tasks.batch_order import epoch_order, length_grouped_order
 from bio_megatron.tasks.distill import check_teacher, with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.packing import model_inputs, pack
@@ -74,12 +75,6 @@ def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
     return max(1, train_examples // global_batch_size)
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The order of the ``n`` training examples in ``epoch`` (0-based): a fresh shuffle per epoch, the same on every
-    rank and on resume."""
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch)).tolist()
-
-
 class Batches:
     """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
 
@@ -90,8 +85,10 @@ class Batches:
         self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         self.max_len = m.dataset.max_seq_length
         self.packing = getattr(m.dataset, "packing", False)  # NER and classification (tasks/packing.py)
+        self.group_by_length = m.dataset.group_by_length  # tasks/batch_order.py
         self.steps_per_epoch = steps_per_epoch(len(task.train.features), self.gbs)
         self.state: LoopState | None = None  # run_batches reads seq_length from it
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order): drawn once per epoch
 
     def _micro(self, split: Split, indices: list[int]) -> list[dict]:
         # The global batch's longest example, so the same on every rank (one p2p shape per step). On a GPU rounded
@@ -106,11 +103,19 @@ class Batches:
         # Packed rows are max_seq_length long: a row then holds as many examples as fit, not one padded one.
         return [pack(b, self.max_len, self.task.tokenizer.pad) for b in micro] if self.packing else micro
 
+    def epoch(self, epoch: int) -> list[int]:
+        """The training examples' order in ``epoch`` (tasks/batch_order.py), the same on every rank."""
+        if self._order[0] != epoch:
+            n, split = len(self.task.train.features), self.task.train
+            order = length_grouped_order(n, lambda i: self.task.length(split, i), self.gbs, self.seed, epoch) \
+                if self.group_by_length else epoch_order(n, self.seed, epoch)
+            self._order = (epoch, order)
+        return self._order[1]
+
     def train(self, step: int) -> list[dict]:
-        n = len(self.task.train.features)
         epoch, within = divmod(step, self.steps_per_epoch)
-        perm = epoch_order(n, self.seed, epoch)
-        idx = [perm[(within * self.gbs + k) % n] for k in range(self.gbs)]
+        perm = self.epoch(epoch)
+        idx = [perm[(within * self.gbs + k) % len(perm)] for k in range(self.gbs)]
         return self._micro(self.task.train, idx)
 
     def eval_groups(self, split: Split, n: int):

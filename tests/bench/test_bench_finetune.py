@@ -28,11 +28,12 @@ def _ratios(line: str) -> float:
 @pytest.mark.parametrize("part", ["step", pytest.param("epoch", marks=pytest.mark.extended)])
 def test_bench_finetune_ner(part, tmp_path, capsys):
     """One part per run (``--skip-epoch`` / ``--skip-step``): each side of each part is a process of its own, and
-    the default suite keeps the step's two (the epoch's whole-process runs are in the extended suite)."""
+    the default suite keeps the step's two (the epoch's whole-process runs are in the extended suite). Both parts run
+    with ``--group-by-length``, whose batches both sides take (in the epoch, through the baseline's spec)."""
     out = tmp_path / "bench.json"
     skip = "--skip-epoch" if part == "step" else "--skip-step"
     rc = main(["bench", "finetune", "--ner-train", str(NER_TRAIN), "--ner-dev", str(NER_DEV), "--limit", "8",
-               "--dev-limit", "4", "--batch", "4", "--steps", "2", "--warmup", "1", skip, "--json", str(out)])
+               "--dev-limit", "4", "--batch", "4", "--steps", "2", "--warmup", "1", "--group-by-length", skip, "--json", str(out)])
     assert rc == 0
     lines = capsys.readouterr().out.splitlines()
     res = json.loads(out.read_text())
@@ -47,6 +48,7 @@ def test_bench_finetune_ner(part, tmp_path, capsys):
         assert step["ratio_median_step"] > 0
         (step_line,) = [x for x in lines if x.startswith("finetune ner step")]
         assert abs(_ratios(step_line) - step["ratio_examples_per_s"]) < 0.006
+        assert step["group_by_length"] is True and ", grouped by length," in step_line
         return
     epoch = res["tasks"]["ner"]["epoch"]
     for side in ("ours", "transformers"):

@@ -1,7 +1,8 @@
 """How fine-tuning cuts its data into micro-batches, on the real NER reader and tokenizer (tiny_ner's BC5CDR slice):
 on the CPU a training step's micro-batches pad to its longest example and no further (rounding up to a multiple of 8 is for
 a GPU's tensor cores, and only adds padded positions here); dev and test are predicted in groups of similar length,
-shortest first, covering every example once; and the fp32 best checkpoint carries no optimizer state."""
+shortest first, covering every example once; ``model.dataset.group_by_length`` trains an epoch on the same examples
+with fewer padded positions; and the fp32 best checkpoint carries no optimizer state."""
 
 from __future__ import annotations
 
@@ -36,7 +37,16 @@ def _cut(over: list[str]) -> dict:
         for micro in group:
             idx = [i for i in micro["index"].tolist() if i >= 0]
             groups.append((micro["input_ids"].shape[1], [task.length(dev, i) for i in idx], idx))
-    return {"pad_multiple": PAD_MULTIPLE, "train": train, "dev": groups, "n_dev": len(dev.features)}
+    epochs = {}  # a whole epoch's steps, plain shuffle and grouped by length (model.dataset.group_by_length)
+    for grouped in (False, True):
+        cfg.model.dataset.group_by_length = grouped
+        cut = Batches(task, cfg)
+        cut.state = batches.state
+        steps = [[i for micro in cut.train(s) for i in micro["index"].tolist()] for s in range(cut.steps_per_epoch)]
+        epochs[grouped] = {"steps": steps, "positions": sum(len(ix) * max(task.length(task.train, i) for i in ix)
+                                                            for ix in steps)}
+    return {"pad_multiple": PAD_MULTIPLE, "train": train, "dev": groups, "n_dev": len(dev.features),
+            "epochs": epochs, "tokens": sum(task.length(task.train, i) for i in range(len(task.train.features)))}
 
 
 def test_cpu_micro_batches_pad_to_their_longest_and_eval_groups_go_by_length():
@@ -49,6 +59,11 @@ def test_cpu_micro_batches_pad_to_their_longest_and_eval_groups_go_by_length():
     lengths = [n for _, ns, _ in got["dev"] for n in ns]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]  # shortest first
     assert all(width == max(ns) for width, ns, _ in got["dev"])
+    # group_by_length: the epoch trains on the same examples as the plain shuffle, with far fewer padded positions
+    plain, grouped = got["epochs"][False], got["epochs"][True]
+    assert sorted(i for s in grouped["steps"] for i in s) == sorted(i for s in plain["steps"] for i in s)
+    assert grouped["steps"] != plain["steps"]
+    assert grouped["positions"] < 0.8 * plain["positions"], (grouped["positions"], plain["positions"], got["tokens"])
 
 
 def test_fp32_best_checkpoint_has_weights_without_optimizer_state(tmp_path):
