@@ -96,14 +96,41 @@ def init_distributed(world: WorldInfo | None = None, timeout_s: int = 600) -> Wo
     return world
 
 
+# The process groups megatron-core's initialize_model_parallel created, destroyed with its layout.
+_LAYOUT_GROUPS: list[dist.ProcessGroup] = []
+
+
+def _live_groups() -> list[dist.ProcessGroup]:
+    # torch keeps no public list of the process groups alive; its registry is the one place that has them all
+    return list(dist.distributed_c10d._world.pg_map)
+
+
+def destroy_model_parallel() -> None:
+    """megatron-core's ``destroy_model_parallel`` forgets its groups but destroys only its gloo data-parallel ones.
+    Every later ``initialize_model_parallel`` in the process (each run of a seed or grid sweep) then left about
+    20 groups alive: on the CPU, ~90 open sockets per rank at 2 ranks, which ended a long sweep at a 1,024-file
+    limit; on a GPU, their NCCL communicators. The groups it created are destroyed here too, by every rank
+    in the order they were created (member groups only, so every member destroys a group at the same point)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    live = set(_live_groups())
+    for group in _LAYOUT_GROUPS:
+        if group in live:
+            dist.destroy_process_group(group)
+    _LAYOUT_GROUPS.clear()
+
+
 def init_model_parallel(tp: int, pp: int, seed: int) -> None:
     """megatron-core's TP/PP/DP groups plus its model-parallel RNG (per-TP-rank dropout streams)."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+    destroy_model_parallel()
+    before = set(_live_groups())
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    _LAYOUT_GROUPS.extend(g for g in _live_groups() if g not in before)
     # Megatron's convention: a different stream per pipeline stage, shared across data-parallel replicas.
     stage_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
     torch.manual_seed(stage_seed)
@@ -119,9 +146,6 @@ def single_process(local_rank: int = 0) -> None:
 
 
 def teardown() -> None:
-    from megatron.core import parallel_state as ps
-
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
     if dist.is_initialized():
+        destroy_model_parallel()
         dist.destroy_process_group()
