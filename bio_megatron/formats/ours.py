@@ -194,17 +194,19 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         cfg = PretrainConfig(model=m)
         m.bert_binary_head = state.binary_head
         model = family_named(state.family).build_pretraining_model(m, state.vocab_size, torch.float32)
+        # Only the modules the source lacks are drawn (each initial value depends on its own key alone, so they are
+        # the values a whole-model initialisation gives them); the rest come from ``full`` below.
         if fresh:
-            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers)
+            prefixes = tuple(f"{name}." for name in fresh)
+            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers, only=prefixes)
             full.update({k: v for k, v in model.state_dict().items()
-                         if k.split(".", 1)[0] in fresh and k not in full and torch.is_tensor(v)})
+                         if k.startswith(prefixes) and k not in full and torch.is_tensor(v)})
         elif "lm_head.dense.weight" not in full and "lm_head.dense.weight" in model.state_dict():
             # a bare encoder (HF BertModel, an encoder-only file): fresh MLM head (ELECTRA's is the generator's)
             log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", state.source)
-            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers)
-            initialised = model.state_dict()
-            full.update({k: v for k, v in initialised.items()
-                         if k.startswith(("lm_head.", "output_layer.bias")) and torch.is_tensor(v)})
+            prefixes = ("lm_head.", "output_layer.bias")
+            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers, only=prefixes)
+            full.update({k: v for k, v in model.state_dict().items() if k.startswith(prefixes) and torch.is_tensor(v)})
     else:
         cfg = CONFIG_CLASSES[task]()
         cfg.model = m

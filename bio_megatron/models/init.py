@@ -48,11 +48,12 @@ def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_laye
 
 @torch.no_grad()
 def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int,
-                 skip: Collection[str] = frozenset()) -> None:
+                 skip: Collection[str] = frozenset(), only: tuple[str, ...] | None = None) -> None:
     """Every parameter its layout-invariant initial value, except those whose global key is in ``skip`` (filled
-    from a checkpoint already: each value depends on its own key only, so the others get what they would anyway)."""
+    from a checkpoint already: each value depends on its own key only, so the others get what they would anyway);
+    ``only``: just the keys starting with one of these prefixes (the modules a source lacks)."""
     for _, sh in _sharded_tensors(model):
-        if sh.key in skip:
+        if sh.key in skip or (only is not None and not sh.key.startswith(only)):
             continue
         full = init_value(sh.key, tuple(sh.global_shape), seed, std, num_layers)
         sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
