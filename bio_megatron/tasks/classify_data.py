@@ -149,7 +149,8 @@ def dataset(task_name: str) -> BlurbDataset:
 def truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
     """Cut the ends of ``a`` and ``b`` to at most ``budget`` tokens together, as transformers' fast tokenizers do
     (``truncation="longest_first"``): the shorter side (``a`` on a tie) keeps at most half the budget, the longer
-    side the rest, so only a side longer than its share loses tokens."""
+    side the rest, so only a side longer than its share loses tokens. (tokenizers 0.23.1 and 0.23.2 alone gave an odd
+    budget's extra token to ``b`` even when ``a`` is the longer; 0.22 and 0.23.3 agree with this.)"""
     if len(a) + len(b) <= budget:
         return a, b
     if len(a) <= len(b):

@@ -112,7 +112,13 @@ def test_head_mode_learns_and_its_predictions_reproduce_the_reported_score(tmp_p
 
 
 def test_pair_truncation_equals_transformers_longest_first():
+    import tokenizers
     from transformers import BertTokenizer
+
+    if tokenizers.__version__ in ("0.23.1", "0.23.2"):
+        # Their truncation early exit gave an odd budget's extra token to the second sequence even when the first is
+        # the longer one (pairs of 8 and 6 tokens cut to 3: 1 + 2); 0.22.x and 0.23.3 keep 2 + 1, as ours does.
+        pytest.skip(f"tokenizers {tokenizers.__version__} cuts some pairs unlike the releases before and after it")
 
     from bio_megatron.tasks.classify_data import ClassifyExample, encode
     from bio_megatron.vocab.bpe import load_tokenizer
