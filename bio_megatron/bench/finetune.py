@@ -394,12 +394,13 @@ def measure_epoch(args: argparse.Namespace, task: str, folder: Path, over: list[
 
 def summary_lines(res: dict) -> list[str]:
     out = []
+    precision = "fp32" if res["precision"] == "32" else res["precision"]
     for task, r in res["tasks"].items():
         if "step" in r:
             s = r["step"]
             packed = (", ours packed" if s.get("packing") else "") + (", grouped by length" if s.get("group_by_length") else "")
             out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}{packed}, "
-                       f"{res['precision']}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
+                       f"{precision}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
                        f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "
                        f"{s['ratio_examples_per_s']:.2f}x (of median steps: {s['ratio_median_step']:.2f}x)"
                        + (f"; token positions per step: ours {pos['ours']:.0f}, transformers {pos['transformers']:.0f} "
