@@ -147,5 +147,6 @@ def single_process(local_rank: int = 0) -> None:
 
 def teardown() -> None:
     if dist.is_initialized():
+        _LAYOUT_GROUPS.clear()  # destroy_process_group() below destroys every group at once
         destroy_model_parallel()
         dist.destroy_process_group()
