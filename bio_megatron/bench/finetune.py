@@ -327,7 +327,7 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
     neither epoch's figure rests on how much padding its own shuffle happened to draw."""
     from bio_megatron.config.finetune import load_finetune_config
     from bio_megatron.formats.source import resolve_source
-    from bio_megatron.tasks.batch_order import epoch_order, length_grouped_order
+    from bio_megatron.tasks.batch_order import train_order
     from bio_megatron.tasks.protocol import TASKS
     from bio_megatron.vocab.bpe import load_tokenizer
 
@@ -347,9 +347,8 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
         path = tmp / f"{task}_{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         paths.append(path)
-    n, seed = len(reader.train.features), cfg.trainer.seed
-    order = length_grouped_order(n, lambda i: reader.length(reader.train, i), cfg.model.global_batch_size, seed, 0) \
-        if cfg.model.dataset.group_by_length else epoch_order(n, seed, 0)
+    order = train_order(len(reader.train.features), lambda i: reader.length(reader.train, i),
+                        cfg.model.global_batch_size, cfg.trainer.seed, 0, cfg.model.dataset.group_by_length)
     return paths[0], paths[1], order
 
 
@@ -398,7 +397,8 @@ def summary_lines(res: dict) -> list[str]:
     for task, r in res["tasks"].items():
         if "step" in r:
             s = r["step"]
-            packed = (", ours packed" if s.get("packing") else "") + (", grouped by length" if s.get("group_by_length") else "")
+            packed = ((", ours packed" if s.get("packing") else "")
+                      + (", grouped by length" if s.get("group_by_length") else ""))
             out.append(f"finetune {task} step (batch {s['batch']}, mean padded length {s['mean_padded_length']:.0f}{packed}, "
                        f"{precision}, {res['threads']} thread(s)): ours {s['ours']['examples_per_s']:.1f} "
                        f"examples/s, transformers {s['transformers']['examples_per_s']:.1f} examples/s, ratio "

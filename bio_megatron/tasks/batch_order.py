@@ -48,3 +48,10 @@ def length_grouped_order(n: int, length: Callable[[int], int], batch: int, seed:
         batches += [mega[k:k + batch] for k in range(0, len(mega), batch)]
     shuffled = torch.randperm(len(batches), generator=g).tolist()
     return [i for b in shuffled for i in batches[b]] + order[used:]
+
+
+def train_order(n: int, length: Callable[[int], int], batch: int, seed: int, epoch: int,
+                group_by_length: bool) -> list[int]:
+    """The order a fine-tuning run takes its ``n`` training examples in, in ``epoch``: grouped by length
+    (``model.dataset.group_by_length``) or the plain shuffle."""
+    return length_grouped_order(n, length, batch, seed, epoch) if group_by_length else epoch_order(n, seed, epoch)

@@ -29,7 +29,7 @@ from bio_megatron.families.task import build_task_model, init_task_model
 from bio_megatron.formats.fill import load_into, task_padded_vocab
 from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
-from bio_megatron.tasks.batch_order import epoch_order, length_grouped_order
+from bio_megatron.tasks.batch_order import train_order
 from bio_megatron.tasks.distill import check_teacher, with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.packing import model_inputs, pack
@@ -106,10 +106,9 @@ class Batches:
     def epoch(self, epoch: int) -> list[int]:
         """The training examples' order in ``epoch`` (tasks/batch_order.py), the same on every rank."""
         if self._order[0] != epoch:
-            n, split = len(self.task.train.features), self.task.train
-            order = length_grouped_order(n, lambda i: self.task.length(split, i), self.gbs, self.seed, epoch) \
-                if self.group_by_length else epoch_order(n, self.seed, epoch)
-            self._order = (epoch, order)
+            split = self.task.train
+            self._order = (epoch, train_order(len(split.features), lambda i: self.task.length(split, i), self.gbs,
+                                              self.seed, epoch, self.group_by_length))
         return self._order[1]
 
     def train(self, step: int) -> list[dict]:
