@@ -122,7 +122,7 @@ def test_hf_sdpa_patch_equals_hf_eager():
     """The benchmark's HF baseline with SDPA swapped in computes what HF's eager MegatronBert computes."""
     import argparse
 
-    from bio_megatron.bench.pretrain import build_hf_model
+    from bio_megatron.bench.hf_pretrain import build_hf_model
 
     args = argparse.Namespace(size="tiny", seq=32, vocab_size=1000, binary_head=False, hf_attention="eager")
     eager = build_hf_model(args, torch.device("cpu")).eval()

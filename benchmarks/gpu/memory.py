@@ -61,7 +61,7 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from bio_megatron.bench.pretrain import synthetic_batch
+    from bio_megatron.bench.pretrain_common import synthetic_batch
     from bio_megatron.config.pretrain import PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import precision_dtype

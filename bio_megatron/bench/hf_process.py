@@ -28,7 +28,7 @@ def _worker(conn, args: dict[str, Any], dtype_name: str, weights_path: str, thre
     try:
         import torch
 
-        from bio_megatron.bench.pretrain import hf_step
+        from bio_megatron.bench.hf_pretrain import hf_step
 
         torch.set_num_threads(threads)
         weights = torch.load(weights_path, weights_only=True)

@@ -31,12 +31,13 @@ import json
 import os
 import sys
 import tempfile
-import types
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bio_megatron.bench.hf_pretrain import hf_step
 from bio_megatron.bench.hf_process import HFProcess
+from bio_megatron.bench.pretrain_common import SEED, optimizer_impl, synthetic_batch
 from bio_megatron.bench.timing import Laps, Step, free_memory, peak_memory_gib, throughput, time_steps
 from bio_megatron.utils.log import get_logger
 
@@ -47,7 +48,6 @@ log = get_logger(__name__)
 
 # BERT uncased WordPiece (the vocabulary of BioMegatron's uncased checkpoints); padded to 30,592.
 DEFAULT_VOCAB = 30522
-_SEED = 1234
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,26 +92,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", default=None, help="write the results here (atomically)")
 
 
-def _device() -> "torch.device":
-    import torch
-
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def synthetic_batch(vocab: int, micro_batch: int, seq: int, binary_head: bool) -> dict[str, "torch.Tensor"]:
-    """A full-length MLM batch in the layout of megatron-core's BERT dataset (15% of positions masked)."""
-    import torch
-
-    g = torch.Generator().manual_seed(_SEED)
-    text = torch.randint(5, vocab, (micro_batch, seq), generator=g)
-    loss_mask = (torch.rand(micro_batch, seq, generator=g) < 0.15).long()
-    loss_mask[:, 1] = 1  # never an empty loss
-    types_ = (torch.arange(seq) >= seq // 2).long().expand(micro_batch, seq).contiguous()
-    return {"text": text, "types": types_, "labels": torch.randint(5, vocab, (micro_batch, seq), generator=g),
-            "loss_mask": loss_mask, "padding_mask": torch.ones(micro_batch, seq, dtype=torch.long),
-            "is_random": torch.zeros(micro_batch, dtype=torch.long) if binary_head else None}
-
-
 def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dict[str, str], dict]:
     """A full train step of our stack, what it runs (core attention class, optimizer), and its initial weights
     in Hugging Face's layout (on the CPU) for the baseline to start from."""
@@ -126,7 +106,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
     from bio_megatron.training.pretrain import to_device, build_stage, forward_step
 
     cfg = PretrainConfig()
-    cfg.trainer.seed = _SEED
+    cfg.trainer.seed = SEED
     cfg.model = ModelConfig(size=args.size, encoder_seq_length=args.seq, max_position_embeddings=max(512, args.seq),
                             micro_batch_size=args.micro_batch, global_batch_size=args.micro_batch,
                             attention_backend=args.attention, bert_binary_head=args.binary_head)
@@ -158,106 +138,6 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
 
     fusion = "on" if grad_fusion.resolve(cfg.model.gradient_accumulation_fusion) else "off"
     return step, {"attention": attention, "optimizer": optimizer_impl(optimizer), "grad_fusion": fusion}, initial
-
-
-def _sdpa_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
-                         past_key_values=None, output_attentions=False, **kwargs):
-    """``MegatronBertSelfAttention.forward`` on ``F.scaled_dot_product_attention`` (encoder self-attention)."""
-    import torch.nn.functional as F
-
-    if encoder_hidden_states is not None or past_key_values is not None:
-        raise ValueError("the SDPA benchmark patch covers encoder self-attention only")
-    shape = (*hidden_states.shape[:-1], -1, self.attention_head_size)
-    q, k, v = (lin(hidden_states).view(shape).transpose(1, 2) for lin in (self.query, self.key, self.value))
-    if attention_mask is not None and attention_mask.dtype.is_floating_point:
-        attention_mask = attention_mask.to(q.dtype)  # HF builds the additive mask in fp32; SDPA wants q's dtype
-    ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask,
-                                         dropout_p=self.dropout.p if self.training else 0.0)
-    return ctx.transpose(1, 2).reshape(*hidden_states.shape[:-1], self.all_head_size), None
-
-
-def use_sdpa_attention(model: "torch.nn.Module") -> int:
-    """Route every HF MegatronBert self-attention through SDPA; returns how many modules were patched."""
-    from transformers.models.megatron_bert.modeling_megatron_bert import MegatronBertSelfAttention
-
-    n = 0
-    for module in model.modules():
-        if isinstance(module, MegatronBertSelfAttention):
-            module.forward = types.MethodType(_sdpa_self_attention, module)
-            n += 1
-    return n
-
-
-def build_hf_model(args: argparse.Namespace, device: "torch.device", weights: dict | None = None) -> "torch.nn.Module":
-    """HF ``MegatronBertFor{MaskedLM,PreTraining}`` of the benchmark shape, in fp32, on ``device``; with ``weights``
-    (HF keys, e.g. ``mcore_to_hf`` of our model) it starts from them instead of its own random init."""
-    import torch
-    from transformers import MegatronBertForMaskedLM, MegatronBertForPreTraining
-
-    from bio_megatron.config.sizes import SIZES
-    from bio_megatron.models.hf_convert import hf_config
-
-    cfg = hf_config(SIZES[args.size], args.vocab_size, max(512, args.seq), attn_implementation="eager")
-    torch.manual_seed(_SEED)
-    with device:  # allocate (and initialise) directly on the device
-        model = (MegatronBertForPreTraining if args.binary_head else MegatronBertForMaskedLM)(cfg)
-    if weights is not None:
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        params = dict(model.named_parameters())  # the tied decoder weight is the word embedding: not "missing"
-        missing = [k for k in missing if k in params and k != "cls.predictions.decoder.weight"]
-        if missing or unexpected:
-            raise RuntimeError(f"HF baseline weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if args.hf_attention == "sdpa":
-        use_sdpa_attention(model)
-    return model
-
-
-def optimizer_impl(opt: Any) -> str:
-    """Which Adam implementation runs, e.g. ``AdamW (single-tensor)``, for megatron's wrappers or a torch optimizer."""
-    import torch
-
-    opt = getattr(opt, "chained_optimizers", [opt])[0]
-    inner = getattr(opt, "optimizer", opt)  # megatron's FP32Optimizer / Float16Optimizer wrap the torch one
-    if not isinstance(inner, torch.optim.Optimizer) or type(inner).__module__.split(".")[0] != "torch":
-        return f"{type(inner).__module__}.{type(inner).__name__}"  # e.g. Transformer Engine's FusedAdam
-    group = inner.param_groups[0]
-    on_gpu = group["params"][0].is_cuda
-    impl = ("fused" if group.get("fused") else
-            "foreach" if group.get("foreach") or (group.get("foreach") is None and on_gpu) else "single-tensor")
-    return f"{type(inner).__name__} ({impl})"
-
-
-def hf_step(args: argparse.Namespace, dtype: "torch.dtype", weights: dict | None = None) -> tuple[Step, str]:
-    """A train step of the HF baseline (autocast forward, backward, clip to 1.0, AdamW), and its optimizer."""
-    import torch
-
-    device = _device()
-    model = build_hf_model(args, device, weights).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=2e-4, weight_decay=0.01, fused=args.hf_optimizer == "fused")
-    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
-    b = {k: v.to(device) for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
-                                                     args.binary_head).items() if v is not None}
-    inputs = {"input_ids": b["text"], "attention_mask": b["padding_mask"], "token_type_ids": b["types"],
-              "labels": torch.where(b["loss_mask"].bool(), b["labels"], -100)}
-    if args.binary_head:
-        inputs["next_sentence_label"] = b["is_random"]
-
-    def step() -> dict[str, float]:
-        lap = Laps()
-        opt.zero_grad(set_to_none=True)
-        lap("other")
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = model(**inputs).loss
-        scaler.scale(loss).backward()
-        lap("forward_backward")
-        scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)
-        scaler.update()
-        lap("optimizer")
-        return lap.parts
-
-    return step, optimizer_impl(opt)
 
 
 def measured_matmul_tflops(dtype: "torch.dtype", n: int = 8192, iters: int = 50) -> float | None:
@@ -346,7 +226,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
              args.micro_batch, res["dtype"], args.steps, args.warmup, res["device"])
     init_distributed()
     try:
-        init_model_parallel(1, 1, _SEED)
+        init_model_parallel(1, 1, SEED)
         if gpu:  # measured first, while nothing else holds memory; the models need it less than a cold GPU
             res["peak_tflops_measured_matmul"] = measured_matmul_tflops(dtype if dtype != torch.float32 else torch.bfloat16)
             log.info("measured matmul peak: %.1f TFLOP/s", res["peak_tflops_measured_matmul"])

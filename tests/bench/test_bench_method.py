@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from harness import run_world
 
+from bio_megatron.bench import hf_pretrain, pretrain_common
 from bio_megatron.bench import pretrain as bench
 from bio_megatron.bench import timing
 
@@ -52,15 +53,15 @@ def _initial_losses() -> tuple[float, float, str]:
     init_distributed()
     init_model_parallel(1, 1, 1234)
     _, info, weights = bench.ours_step(args, torch.float32)
-    hf_model = bench.build_hf_model(args, torch.device("cpu"), weights).eval()
+    hf_model = hf_pretrain.build_hf_model(args, torch.device("cpu"), weights).eval()
     # our model as ours_step builds it (initialisation is seeded): the weights the baseline was handed
     cfg = PretrainConfig()
-    cfg.trainer.seed = bench._SEED
+    cfg.trainer.seed = pretrain_common.SEED
     cfg.model = ModelConfig(size="tiny", encoder_seq_length=32, max_position_embeddings=512, micro_batch_size=2,
                             global_batch_size=2)
     _, ddp = build_stage(cfg, 1000, torch.float32)
     ddp.eval()
-    b = {k: v for k, v in bench.synthetic_batch(1000, 2, 32, False).items() if v is not None}
+    b = {k: v for k, v in pretrain_common.synthetic_batch(1000, 2, 32, False).items() if v is not None}
     with torch.no_grad():
         ours, _ = forward_step(iter([b]), ddp, binary_head=False)
         theirs = hf_model(input_ids=b["text"], attention_mask=b["padding_mask"], token_type_ids=b["types"],

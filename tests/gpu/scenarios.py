@@ -40,7 +40,7 @@ class Stage:
         import torch
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        from bio_megatron.bench.pretrain import synthetic_batch
+        from bio_megatron.bench.pretrain_common import synthetic_batch
         from bio_megatron.config.pretrain import PretrainConfig
         from bio_megatron.models.bert import precision_dtype
         from bio_megatron.parallel.distributed import init_model_parallel

@@ -22,7 +22,7 @@ def _tp2pp2_step(log_prefix: str) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from bio_megatron.bench.pretrain import synthetic_batch
+    from bio_megatron.bench.pretrain_common import synthetic_batch
     from bio_megatron.config.pretrain import ModelConfig, PretrainConfig
     from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
     from bio_megatron.training.optimizer import build_optimizer
