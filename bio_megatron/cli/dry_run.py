@@ -74,7 +74,7 @@ def _tracker_problems(cfg) -> list[str]:
 
 def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     """What ``pretrain --dry-run`` prints (raises one ConfigError listing every problem found)."""
-    from bio_megatron.config.pretrain import electra_shapes
+    from bio_megatron.config.family_keys import electra_shapes
     from bio_megatron.data.pretrain import check_prefixes, load_tokenizer
     from bio_megatron.families import family_of_model
     from bio_megatron.vocab.builtin import resolve_vocab

@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from bio_megatron.config.family_keys import albert_problems, electra_problems, modernbert_problems
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.packing import packing_problems
 from bio_megatron.config.scale import recompute_problems, sequence_parallel_problems
-from bio_megatron.config.sizes import SIZES, ModelShape, parameter_count, size_row
+from bio_megatron.config.sizes import SIZES, ModelShape, size_row
+from bio_megatron.config.values import value_problems
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.io import system_folder
 
@@ -354,62 +356,6 @@ def objective_problems(m: ModelConfig) -> list[str]:
     return problems
 
 
-def electra_shapes(m: ModelConfig) -> ModelShape:
-    """The ELECTRA generator's shape (Clark et al. 2020): the discriminator's depth, hidden size
-    ``round(generator_hidden_fraction x hidden_size)``, FFN 4x that, and heads of width 64 as ELECTRA
-    (``max(1, G // 64)``), narrower only when the discriminator's heads are (tiny test sizes), so that a tiny
-    generator still has several heads to split across tensor-parallel ranks."""
-    s = m.shape()
-    g = max(1, round(s.hidden_size * m.generator_hidden_fraction))
-    head_dim = min(64, max(1, s.hidden_size // max(1, s.num_attention_heads)))
-    return ModelShape(num_layers=s.num_layers, hidden_size=g, num_attention_heads=max(1, g // head_dim),
-                      ffn_hidden_size=4 * g, status=s.status)
-
-
-def electra_parameter_count(m: ModelConfig, padded_vocab: int) -> int:
-    """Exact parameter count of :class:`bio_megatron.models.electra.ElectraModel` (the shared embedding once):
-    the post-LN BERT count with a 1-logit head instead of the LM head, plus the generator."""
-    d, g = m.shape(), electra_shapes(m)
-    h, gh = d.hidden_size, g.hidden_size
-    # post-LN BERT (embedding LN instead of the final LN: the same count) minus its LM head plus ELECTRA's head
-    discriminator = parameter_count(d, padded_vocab, m.max_position_embeddings, m.num_tokentypes) \
-        - (h * h + 3 * h + padded_vocab) + (h * h + h + h + 1)
-    layers = parameter_count(g, 0, 0, 0) - (2 * gh + gh * gh + 3 * gh)  # without final LN and LM head
-    project = h * gh + gh if gh != h else 0
-    lm_head = gh * h + h + 2 * h + padded_vocab  # dense, LayerNorm, output bias (weight tied)
-    return discriminator + layers + project + lm_head
-
-
-def electra_problems(m: ModelConfig) -> list[str]:
-    """What ``model.objective: electra`` needs (checked once the encoder itself is valid)."""
-    problems = []
-    if m.bert_binary_head:
-        problems.append("model.objective (electra) has no next-sentence task: set model.bert_binary_head=false")
-    if m.pipeline_model_parallel_size != 1:
-        problems.append(f"model.objective (electra) needs model.pipeline_model_parallel_size=1 (got "
-                        f"{m.pipeline_model_parallel_size}): the discriminator's input is the generator's sampled "
-                        "output, which megatron-core's pipeline schedules cannot send back to the first stage")
-    if m.transformer_block_type != "post_ln":
-        problems.append(f"model.objective (electra) trains the original post-LN BERT: set "
-                        f"model.transformer_block_type=post_ln (got {m.transformer_block_type})")
-    if _outside(m.generator_hidden_fraction, 0.0, 1.0, lo_open=True, hi_open=False):
-        problems.append(f"model.generator_hidden_fraction ({m.generator_hidden_fraction}) must be in (0, 1]")
-    if _outside(m.discriminator_loss_weight, 0.0, lo_open=True):
-        problems.append(f"model.discriminator_loss_weight ({m.discriminator_loss_weight}) must be a finite "
-                        "number > 0")
-    if problems or m.size not in SIZES:
-        return problems
-    g, tp = electra_shapes(m), m.tensor_model_parallel_size
-    if g.hidden_size % g.num_attention_heads:
-        problems.append(f"generator hidden size ({g.hidden_size} = model.generator_hidden_fraction "
-                        f"{m.generator_hidden_fraction} x {m.shape().hidden_size}) must be divisible by its "
-                        f"{g.num_attention_heads} heads")
-    if tp >= 1 and g.num_attention_heads % tp:
-        problems.append(f"generator heads ({g.num_attention_heads}, hidden {g.hidden_size}) must be divisible by "
-                        f"tensor_model_parallel_size ({tp}): raise model.generator_hidden_fraction")
-    return problems
-
-
 def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = None,
                      pretraining: bool = False) -> list[str]:
     """Problems with the encoder, batch and parallel layout (shared by pretraining and fine-tuning)."""
@@ -486,103 +432,6 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
         if isinstance(t.devices, int) and t.devices * t.num_nodes != world_size:
             problems.append(f"trainer.devices * trainer.num_nodes ({t.devices} * {t.num_nodes}) does not match "
                             f"the launched world size ({world_size}); set trainer.devices=auto or fix the launch")
-    return problems
-
-
-def modernbert_problems(m: ModelConfig) -> list[str]:
-    """What ``model.family: modernbert`` (``bio_megatron/models/modernbert.py``) cannot do, and its keys elsewhere."""
-    keys = ("global_rope_theta", "local_rope_theta", "local_attention", "global_attn_every_n_layers")
-    if m.family != "modernbert":
-        return [f"model.{k} ({getattr(m, k)}) applies to model.family modernbert only (got family {m.family})"
-                for k in keys if getattr(m, k) is not None]
-    problems = [f"model.{k} ({getattr(m, k)}) must be > 0" for k in keys
-                if getattr(m, k) is not None and not getattr(m, k) > 0]
-    if m.transformer_block_type != "pre_ln":
-        problems.append(f"model.family (modernbert) is pre-LN: set model.transformer_block_type=pre_ln (got "
-                        f"{m.transformer_block_type})")
-    if m.sequence_parallel:
-        problems.append("model.sequence_parallel (true) is not implemented for model.family modernbert: set it false")
-    # bert: megatron-core's BERT samples; mlm: RoBERTa's rows, which model.data.packing fills with whole documents
-    if m.objective not in ("bert", "mlm") or m.bert_binary_head:
-        problems.append(f"model.family (modernbert) pretrains with model.objective=bert (or mlm) and "
-                        f"model.bert_binary_head=false (MLM only), got {m.objective} and "
-                        f"{str(m.bert_binary_head).lower()}")
-    if m.transformer_impl == "transformer_engine":
-        problems.append("model.transformer_impl (transformer_engine) is not implemented for model.family modernbert "
-                        "(its rotary bases and local window live in megatron-core's local spec): use local or auto")
-    return problems
-
-
-def albert_problems(m: ModelConfig) -> list[str]:
-    """What ``model.family: albert`` (``bio_megatron/models/albert.py``) cannot do, and ALBERT's keys elsewhere."""
-    if m.family != "albert":
-        return [f"model.{k} ({v}) applies to model.family albert only (got family {m.family})" for k, v in (
-            ("embedding_size", m.embedding_size), ("hidden_act", m.hidden_act))
-            if v is not None and not (k == "hidden_act" and v == "gelu")]
-    problems = []
-    if m.pipeline_model_parallel_size != 1:
-        problems.append(f"model.family (albert) needs model.pipeline_model_parallel_size=1 (got "
-                        f"{m.pipeline_model_parallel_size}): its one shared layer would sit on every stage, and "
-                        "megatron-core sums gradients across stages only for the word embeddings")
-    if m.transformer_block_type != "post_ln":
-        problems.append(f"model.family (albert) is post-LN: set model.transformer_block_type=post_ln (got "
-                        f"{m.transformer_block_type})")
-    if m.sequence_parallel:
-        problems.append("model.sequence_parallel (true) is not implemented for model.family albert: set it false")
-    if m.activations_checkpoint_granularity == "full":
-        problems.append("model.activations_checkpoint_granularity (full) is not implemented for model.family albert "
-                        "(one shared layer): use selective or null")
-    if m.objective != "bert":
-        problems.append(f"model.family (albert) pretrains with model.objective=bert (MLM + SOP), got {m.objective}")
-    if m.embedding_size is not None and m.embedding_size < 1:
-        problems.append(f"model.embedding_size ({m.embedding_size}) must be >= 1")
-    return problems
-
-
-def _outside(value: float, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = True) -> bool:
-    """True unless ``value`` is a finite number in the interval (written so that NaN is always outside)."""
-    above = value > lo if lo_open else value >= lo
-    below = value < hi if hi_open else value <= hi
-    return not (above and below and math.isfinite(value))
-
-
-def value_problems(m: ModelConfig, t: TrainerConfig) -> list[str]:
-    """Sizes, rates and probabilities that parse as numbers but cannot work (negative, zero, NaN, Inf)."""
-    o, sc = m.optim, m.optim.sched
-    sizes = [("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
-             ("model.ffn_hidden_size", m.ffn_hidden_size), ("model.num_attention_heads", m.num_attention_heads),
-             ("model.max_position_embeddings", m.max_position_embeddings),
-             ("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by),
-             ("model.data.max_ngram", m.data.max_ngram), ("model.optim.sched.decay_steps", sc.decay_steps),
-             ("trainer.max_nonfinite_steps", t.max_nonfinite_steps),
-             ("model.native_amp_growth_interval", m.native_amp_growth_interval), ("model.hysteresis", m.hysteresis)]
-    problems = [f"{k} ({v}) must be >= 1" for k, v in sizes if v is not None and v < 1]
-    problems += [f"{k} ({v}) must be >= 0" for k, v in (
-        ("model.num_tokentypes", m.num_tokentypes), ("model.optim.sched.warmup_steps", sc.warmup_steps),
-        ("model.optim.sched.constant_steps", sc.constant_steps),
-        ("trainer.limit_val_batches", t.limit_val_batches)) if v is not None and v < 0]
-    # (key, value, low, high, low excluded, high excluded, what is expected)
-    ranges = [("model.optim.lr", o.lr, 0.0, math.inf, True, True, "a finite number > 0"),
-              ("model.optim.weight_decay", o.weight_decay, 0.0, math.inf, False, True, "a finite number >= 0"),
-              ("model.optim.eps", o.eps, 0.0, math.inf, True, True, "a finite number > 0"),
-              ("model.native_amp_init_scale", m.native_amp_init_scale, 0.0, math.inf, True, True,
-               "a finite number > 0"),
-              ("model.min_loss_scale", m.min_loss_scale, 0.0, math.inf, True, True, "a finite number > 0"),
-              ("model.optim.sched.min_lr", sc.min_lr, 0.0, math.inf, False, True, "a finite number >= 0"),
-              ("model.optim.sched.warmup_ratio", sc.warmup_ratio, 0.0, 1.0, False, True, "in [0, 1)"),
-              ("model.hidden_dropout", m.hidden_dropout, 0.0, 1.0, False, True, "in [0, 1)"),
-              ("model.attention_dropout", m.attention_dropout, 0.0, 1.0, False, True, "in [0, 1)"),
-              ("model.layernorm_epsilon", m.layernorm_epsilon, 0.0, math.inf, True, True, "a finite number > 0"),
-              ("model.init_method_std", m.init_method_std, 0.0, math.inf, True, True, "a finite number > 0"),
-              ("model.data.short_seq_prob", m.data.short_seq_prob, 0.0, 1.0, False, False, "in [0, 1]"),
-              ("trainer.gradient_clip_val", t.gradient_clip_val, 0.0, math.inf, False, True,
-               "a finite number >= 0 (0 = no clipping)")]
-    ranges += [(f"model.optim.betas[{i}]", b, 0.0, 1.0, False, True, "in [0, 1)")
-               for i, b in enumerate(o.betas) if isinstance(b, (int, float))]
-    problems += [f"{k} ({v}) must be {what}" for k, v, lo, hi, lo_open, hi_open, what in ranges
-                 if v is not None and _outside(v, lo, hi, lo_open, hi_open)]
-    if not problems and sc.min_lr > o.lr:
-        problems.append(f"model.optim.sched.min_lr ({sc.min_lr}) must not exceed model.optim.lr ({o.lr})")
     return problems
 
 

@@ -228,8 +228,8 @@ class ElectraFamily(BertLikeFamily):
         super().__init__("electra", (MODEL_TYPE,), "Electra", "post_ln")
 
     def parameter_count(self, m: ModelConfig, padded_vocab: int) -> int:
-        """Generator + discriminator, the shared embedding once (``config.pretrain.electra_parameter_count``)."""
-        from bio_megatron.config.pretrain import electra_parameter_count
+        """Generator + discriminator, the shared embedding once (``config.family_keys.electra_parameter_count``)."""
+        from bio_megatron.config.family_keys import electra_parameter_count
 
         return electra_parameter_count(m, padded_vocab)
 
@@ -246,7 +246,7 @@ class ElectraFamily(BertLikeFamily):
     def hf_config(self, m: ModelConfig, vocab_size: int, **extra):
         """The discriminator's ``ElectraConfig`` (the generator's: :func:`electra_configs`); a model fine-tuned
         from the discriminator (no ELECTRA objective) is BERT's."""
-        from bio_megatron.config.pretrain import electra_shapes
+        from bio_megatron.config.family_keys import electra_shapes
 
         if m.objective != "electra":
             return BERT.hf_config(m, vocab_size, **extra)

@@ -29,7 +29,7 @@ State names (TP1, the keys :mod:`bio_megatron.families.albert` maps to HF)::
     lm_head.dense [E, H], lm_head.layer_norm [E], output_layer.bias [V]   (decoder weight = word embeddings)
     pooler.dense [H, H], binary_head [2, H]                                  (with model.bert_binary_head)
 
-Pipeline parallelism is refused by the config (``config/pretrain.py::albert_problems``): the one layer's weights would live on
+Pipeline parallelism is refused by the config (``config/family_keys.py::albert_problems``): the one layer's weights would live on
 every stage and need their gradients summed across stages, which megatron-core does only for the word embeddings.
 Sequence parallelism and full activation recompute (``TransformerBlock``'s machinery) are refused there too.
 """

@@ -39,7 +39,8 @@ from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 
-from bio_megatron.config.pretrain import ModelConfig, electra_parameter_count, electra_shapes
+from bio_megatron.config.family_keys import electra_parameter_count, electra_shapes
+from bio_megatron.config.pretrain import ModelConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.models.bert import layer_spec, mask_padded_vocab, transformer_config
 from bio_megatron.models.init import on_device

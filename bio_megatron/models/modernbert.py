@@ -32,7 +32,7 @@ on the first, this stage's layers of the ``TransformerBlock``, final norm + MLM 
 the output layer tied to the word embeddings across stages by ``setup_embeddings_and_output_layer`` and the
 embedding group's gradient all-reduce in ``finalize_model_grads``. Each layer's global/local choice and RoPE base
 come from its GLOBAL layer number (megatron adds the stage's offset), so a layer is the same on any stage.
-Sequence parallelism is refused by the config (``config/pretrain.py::modernbert_problems``).
+Sequence parallelism is refused by the config (``config/family_keys.py::modernbert_problems``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
 from bio_megatron.config.loader import to_dict
-from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, electra_shapes, validate
+from bio_megatron.config.family_keys import electra_shapes
+from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, validate
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
 from bio_megatron.families import family_of_model

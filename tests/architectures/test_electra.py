@@ -151,7 +151,8 @@ def test_finetuning_starts_from_the_discriminator(runs):
 def _keys_and_counts() -> dict:
     import dataclasses
 
-    from bio_megatron.config.pretrain import ModelConfig, electra_parameter_count
+    from bio_megatron.config.family_keys import electra_parameter_count
+    from bio_megatron.config.pretrain import ModelConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.models.bert import build_model
     from bio_megatron.models.electra import build_electra_model

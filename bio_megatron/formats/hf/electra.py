@@ -3,7 +3,7 @@ ours (``model.objective: electra``, :mod:`bio_megatron.models.electra`).
 
 - **import**: ``--model`` is the discriminator (``ElectraForPreTraining``, or a bare ``ElectraModel``),
   ``--generator`` its ``ElectraForMaskedLM``. The generator's width gives ``model.generator_hidden_fraction``
-  (G / H); its depth, heads and FFN must be what the model derives from it (:func:`config.pretrain.electra_shapes`)
+  (G / H); its depth, heads and FFN must be what the model derives from it (:func:`config.family_keys.electra_shapes`)
   and its embedding tensors must be the discriminator's (ELECTRA shares them). Without ``--generator``
   (BioELECTRA publishes discriminators only) the checkpoint gets a freshly initialised generator of the
   paper's fraction (1/3 as ELECTRA-base, 1/4 from width 1024 as ELECTRA-large), with a warning: fine-tuning reads only the discriminator, and
@@ -57,7 +57,8 @@ def import_electra(src: Source, generator: str | Path | None, out: str | Path, o
                    tolerance: float | None) -> dict:
     """``import hf`` of an ELECTRA discriminator folder (``src``, already checked by ``resolve_source``) and
     optionally its generator: one model-only checkpoint at TP1, loadable at any TP."""
-    from bio_megatron.config.pretrain import PretrainConfig, electra_problems, electra_shapes
+    from bio_megatron.config.family_keys import electra_problems, electra_shapes
+    from bio_megatron.config.pretrain import PretrainConfig
     from bio_megatron.config.sizes import padded_vocab_size
     from bio_megatron.formats.hf.files import IMPORT_COMMAND
     from bio_megatron.formats.hf.read import read_hf_weights
@@ -208,7 +209,7 @@ def export_electra(state: ModelState, out: str | Path, overwrite: bool, dtype: s
     ``model`` carrying the objective and the generator's width): ``out/discriminator`` + ``out/generator``."""
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
-    from bio_megatron.config.pretrain import electra_shapes
+    from bio_megatron.config.family_keys import electra_shapes
     from bio_megatron.formats.hf.files import EXPORT_COMMAND, EXPORT_DTYPES
     from bio_megatron.formats.hf.folder_modes import apply_umask_modes
     from bio_megatron.formats.hf.model_card import CARD_DIGEST_KEY, card_digest, model_card
