@@ -45,13 +45,9 @@ def electra_problems(m: Any) -> list[str]:
     problems = []
     if m.bert_binary_head:
         problems.append("model.objective (electra) has no next-sentence task: set model.bert_binary_head=false")
-    if m.pipeline_model_parallel_size != 1:
-        problems.append(f"model.objective (electra) needs model.pipeline_model_parallel_size=1 (got "
-                        f"{m.pipeline_model_parallel_size}): the discriminator's input is the generator's sampled "
-                        "output, which megatron-core's pipeline schedules cannot send back to the first stage")
-    if m.transformer_block_type != "post_ln":
-        problems.append(f"model.objective (electra) trains the original post-LN BERT: set "
-                        f"model.transformer_block_type=post_ln (got {m.transformer_block_type})")
+    problems += _one_stage(m, "model.objective (electra)", "the discriminator's input is the generator's sampled "
+                           "output, which megatron-core's pipeline schedules cannot send back to the first stage")
+    problems += _block(m, "model.objective (electra) trains the original post-LN BERT", "post_ln")
     if outside(m.generator_hidden_fraction, 0.0, 1.0, lo_open=True, hi_open=False):
         problems.append(f"model.generator_hidden_fraction ({m.generator_hidden_fraction}) must be in (0, 1]")
     if outside(m.discriminator_loss_weight, 0.0, lo_open=True):
@@ -78,11 +74,7 @@ def modernbert_problems(m: Any) -> list[str]:
                 for k in keys if getattr(m, k) is not None]
     problems = [f"model.{k} ({getattr(m, k)}) must be > 0" for k in keys
                 if getattr(m, k) is not None and not getattr(m, k) > 0]
-    if m.transformer_block_type != "pre_ln":
-        problems.append(f"model.family (modernbert) is pre-LN: set model.transformer_block_type=pre_ln (got "
-                        f"{m.transformer_block_type})")
-    if m.sequence_parallel:
-        problems.append("model.sequence_parallel (true) is not implemented for model.family modernbert: set it false")
+    problems += _block(m, "model.family (modernbert) is pre-LN", "pre_ln") + _no_sequence_parallel(m)
     # bert: megatron-core's BERT samples; mlm: RoBERTa's rows, which model.data.packing fills with whole documents
     if m.objective not in ("bert", "mlm") or m.bert_binary_head:
         problems.append(f"model.family (modernbert) pretrains with model.objective=bert (or mlm) and "
@@ -100,16 +92,9 @@ def albert_problems(m: Any) -> list[str]:
         return [f"model.{k} ({v}) applies to model.family albert only (got family {m.family})" for k, v in (
             ("embedding_size", m.embedding_size), ("hidden_act", m.hidden_act))
             if v is not None and not (k == "hidden_act" and v == "gelu")]
-    problems = []
-    if m.pipeline_model_parallel_size != 1:
-        problems.append(f"model.family (albert) needs model.pipeline_model_parallel_size=1 (got "
-                        f"{m.pipeline_model_parallel_size}): its one shared layer would sit on every stage, and "
-                        "megatron-core sums gradients across stages only for the word embeddings")
-    if m.transformer_block_type != "post_ln":
-        problems.append(f"model.family (albert) is post-LN: set model.transformer_block_type=post_ln (got "
-                        f"{m.transformer_block_type})")
-    if m.sequence_parallel:
-        problems.append("model.sequence_parallel (true) is not implemented for model.family albert: set it false")
+    problems = _one_stage(m, "model.family (albert)", "its one shared layer would sit on every stage, and "
+                          "megatron-core sums gradients across stages only for the word embeddings")
+    problems += _block(m, "model.family (albert) is post-LN", "post_ln") + _no_sequence_parallel(m)
     if m.activations_checkpoint_granularity == "full":
         problems.append("model.activations_checkpoint_granularity (full) is not implemented for model.family albert "
                         "(one shared layer): use selective or null")
@@ -118,3 +103,20 @@ def albert_problems(m: Any) -> list[str]:
     if m.embedding_size is not None and m.embedding_size < 1:
         problems.append(f"model.embedding_size ({m.embedding_size}) must be >= 1")
     return problems
+
+
+def _one_stage(m: Any, who: str, why: str) -> list[str]:
+    if m.pipeline_model_parallel_size == 1:
+        return []
+    return [f"{who} needs model.pipeline_model_parallel_size=1 (got {m.pipeline_model_parallel_size}): {why}"]
+
+
+def _block(m: Any, who: str, block: str) -> list[str]:
+    if m.transformer_block_type == block:
+        return []
+    return [f"{who}: set model.transformer_block_type={block} (got {m.transformer_block_type})"]
+
+
+def _no_sequence_parallel(m: Any) -> list[str]:
+    return [f"model.sequence_parallel (true) is not implemented for model.family {m.family}: set it false"] \
+        if m.sequence_parallel else []
