@@ -3,7 +3,7 @@
 NeMo 1.x example configs carry Lightning 1.x's trainer: ``gpus`` (now ``devices``), ``max_steps: null`` (no step
 limit: the run ends after ``max_epochs``), ``accelerator: ddp`` (Lightning 1.x's strategy slot) and
 ``resume_from_checkpoint`` (NeMo's exp_manager moves it to its own key, as here). The Lightning 1.x keys without a
-meaning here are listed, each with its reason, in ``nemo_compat.NO_EFFECT``: the one list of such keys.
+meaning here are listed, each with its reason, in ``nemo_keys.NO_EFFECT``: the one list of such keys.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from bio_megatron.config.nemo_doc import NemoDoc
 
-# (nemo_compat.NO_EFFECT gives this reason for trainer.strategy and Lightning 1.x's names of it)
+# (nemo_keys.NO_EFFECT gives this reason for trainer.strategy and Lightning 1.x's names of it)
 STRATEGY = ("the parallel layout is megatron-core's: model.tensor_model_parallel_size, "
             "model.pipeline_model_parallel_size and the launch")
 # Lightning 1.x put the strategy under trainer.accelerator (NeMo 1.0-1.7: ``accelerator: ddp``).
