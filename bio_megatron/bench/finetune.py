@@ -4,9 +4,9 @@ Both sides start from the same weights (one Hugging Face folder, :mod:`bio_megat
 same examples (our task reader's, ``model.dataset.max_train_examples`` of them), batch and precision:
 
 * **step**: whole train steps (forward, backward, clipping, Adam) on the same batches. Ours is the fine-tuning
-  code path itself (``tasks.finetune.setup``, ``Batches``, ``training.loop.train_step``: megatron-core DDP and
-  optimizer); theirs ``AutoModelFor{Token,Sequence}Classification`` + ``torch.optim.AdamW(fused=True)`` (the
-  Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast`` for bf16. Each side lives in a
+  code path itself (``tasks.finetune.setup``, ``tasks.finetune_steps.Batches``, ``training.loop.train_step``:
+  megatron-core DDP and optimizer); theirs ``AutoModelFor{Token,Sequence}Classification`` +
+  ``torch.optim.AdamW(fused=True)`` (the Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast`` for bf16. Each side lives in a
   process of its own (``spawn``: as ``bench/hf_process.py`` explains, one heap would couple them) and the parent
   alternates their timed steps (ours, theirs, then theirs, ours, ...) so that other jobs' load weighs on both;
   examples/s from the mean step time. With ``--packing`` our side packs each micro-batch's examples into shared
@@ -140,7 +140,8 @@ def _ours_side(spec: dict) -> tuple[Any, list]:
     import torch
 
     from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.tasks.finetune import Batches, forward_step, setup
+    from bio_megatron.tasks.finetune import setup
+    from bio_megatron.tasks.finetune_steps import Batches, forward_step
     from bio_megatron.training.loop import LoopState, train_step
     from bio_megatron.training.optimizer import build_optimizer, build_scheduler
 

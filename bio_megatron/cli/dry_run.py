@@ -135,7 +135,8 @@ def finetune_report(cfg, world_size: int, check_paths: bool = True) -> dict:
     train, dev and test data read) after the path checks (raises one ConfigError listing every problem found)."""
     from bio_megatron.families import family_of_model
     from bio_megatron.formats.fill import task_padded_vocab
-    from bio_megatron.tasks.finetune import prepare, steps_per_epoch
+    from bio_megatron.tasks.finetune import prepare
+    from bio_megatron.tasks.finetune_steps import steps_per_epoch
     from bio_megatron.vocab.builtin import resolve_vocab
 
     m, t = cfg.model, cfg.trainer

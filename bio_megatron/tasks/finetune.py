@@ -5,8 +5,9 @@ the best.
 A task (:class:`~bio_megatron.tasks.protocol.Task`, picked from ``TASKS`` by ``cfg.task``: ``tasks/ner.py``,
 ``re.py``, ``qa.py``, ``classify.py``) supplies the data splits, ``collate``, its head, ``loss``, ``outputs``
 (per-example predictions from logits), ``score`` and ``write_predictions`` (test predictions beside
-``<run>/test_predictions.jsonl``). Every rank builds the same global batch from the same seed; each data-parallel
-rank takes its share, cut into micro-batches.
+``<run>/test_predictions.jsonl``). ``prepare`` and ``setup`` read the source, the data and build the model;
+:class:`FinetuneRun` is one run, its loop hooks as methods; the batches, forward step and evaluation pass it runs
+are ``tasks/finetune_steps.py``.
 """
 
 from __future__ import annotations
@@ -29,18 +30,17 @@ from bio_megatron.families.task import build_task_model, init_task_model
 from bio_megatron.formats.fill import load_into, task_padded_vocab
 from bio_megatron.formats.source import Source, apply_source_shape, resolve_source
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel, resolve_world
-from bio_megatron.tasks.batch_order import train_order
 from bio_megatron.tasks.distill import check_teacher, with_teacher
 from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
-from bio_megatron.tasks.packing import model_inputs, pack
-from bio_megatron.tasks.protocol import TASKS, Split, Task
+from bio_megatron.tasks.finetune_steps import Batches, forward_step, predict_split
+from bio_megatron.tasks.protocol import TASKS, Task
 from bio_megatron.training import checkpoint as ckpt
 from bio_megatron.training import resume_checks
 from bio_megatron.training.guards import run_dir_lock
-from bio_megatron.training.loop import LoopState, StepResult, reduce_losses, run_batches, train
+from bio_megatron.training.loop import LoopState, StepResult, train
 from bio_megatron.training.metrics import MetricsWriter, RunLogFile, fmt_eta, memory_gib, write_hparams
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import to_device, wrap_for_training
+from bio_megatron.training.pretrain import wrap_for_training
 from bio_megatron.training.signals import Interrupted, StopRequest
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import ConfigError, DataError, NonFiniteError
@@ -50,103 +50,7 @@ from bio_megatron.vocab.bpe import load_tokenizer
 from bio_megatron.vocab.builtin import resolve_vocab
 
 log = get_logger(__name__)
-# Micro-batches pad to their longest example rounded up to this (tensor-core tiles on a GPU; none on the CPU).
-PAD_MULTIPLE = 8 if torch.cuda.is_available() else 1
 LOG_FILE = "run.log"  # the run's log lines, in its folder beside metrics.jsonl, hparams.yaml and tensorboard/
-
-
-def forward_step(data_iterator, model, task: Task, keep_outputs: bool):
-    """One micro-batch through encoder + head; on the last stage the task loss (and, for evaluation, the
-    per-example predictions) are reported."""
-    b = to_device(next(data_iterator))
-    args, kwargs = model_inputs(b)  # packed batches (model.dataset.packing) add the packed rows and their layout
-    out = model(*args, **kwargs)
-    if not ps.is_pipeline_last_stage():
-        return out, None
-    loss = task.loss(out, b)
-    report = {"loss": loss.detach().clone(), **getattr(task, "last_report", {})}  # distillation's terms
-    if keep_outputs:
-        report["outputs"] = list(zip(b["index"].tolist(), task.outputs(out.detach().float(), b)))
-    return loss, lambda output: (output, report)
-
-
-def steps_per_epoch(train_examples: int, global_batch_size: int) -> int:
-    """Optimizer steps per epoch: whole global batches (the remainder of an epoch is not a step; at least 1)."""
-    return max(1, train_examples // global_batch_size)
-
-
-class Batches:
-    """Deterministic global batches (same on every rank) cut to this data-parallel rank's micro-batches."""
-
-    def __init__(self, task: Task, cfg: FinetuneConfig):
-        m = cfg.model
-        self.task, self.seed = task, cfg.trainer.seed
-        self.mbs, self.gbs = m.micro_batch_size, m.global_batch_size
-        self.dp, self.dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
-        self.max_len = m.dataset.max_seq_length
-        self.packing = getattr(m.dataset, "packing", False)  # NER and classification (tasks/packing.py)
-        self.group_by_length = m.dataset.group_by_length  # tasks/batch_order.py
-        self.steps_per_epoch = steps_per_epoch(len(task.train.features), self.gbs)
-        self.state: LoopState | None = None  # run_batches reads seq_length from it
-        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its order): drawn once per epoch
-
-    def _micro(self, split: Split, indices: list[int]) -> list[dict]:
-        # The global batch's longest example, so the same on every rank (one p2p shape per step). On a GPU rounded
-        # up to a multiple of 8 for the tensor cores; on the CPU no rounding, which would only add padded positions
-        # (5% of an unpacked BC5CDR epoch's, docs/BENCHMARKS.md).
-        seq = max(self.task.length(split, max(i, 0)) for i in indices)
-        seq = min(self.max_len, int(math.ceil(seq / PAD_MULTIPLE) * PAD_MULTIPLE))
-        self.state.seq_length = seq
-        per = len(indices) // self.dp
-        mine = indices[self.dp_rank * per:(self.dp_rank + 1) * per]
-        micro = [self.task.collate(split, mine[k:k + self.mbs], seq) for k in range(0, len(mine), self.mbs)]
-        # Packed rows are max_seq_length long: a row then holds as many examples as fit, not one padded one.
-        return [pack(b, self.max_len, self.task.tokenizer.pad) for b in micro] if self.packing else micro
-
-    def epoch(self, epoch: int) -> list[int]:
-        """The training examples' order in ``epoch`` (tasks/batch_order.py), the same on every rank."""
-        if self._order[0] != epoch:
-            split = self.task.train
-            self._order = (epoch, train_order(len(split.features), lambda i: self.task.length(split, i), self.gbs,
-                                              self.seed, epoch, self.group_by_length))
-        return self._order[1]
-
-    def train(self, step: int) -> list[dict]:
-        epoch, within = divmod(step, self.steps_per_epoch)
-        perm = self.epoch(epoch)
-        idx = [perm[(within * self.gbs + k) % len(perm)] for k in range(self.gbs)]
-        return self._micro(self.task.train, idx)
-
-    def eval_groups(self, split: Split, n: int):
-        """All examples in groups of ``micro x DP`` (padded with index -1 rows that are dropped later), shortest
-        first: each group then pads to a length near its own examples' (40% fewer positions on BC5CDR's dev
-        sentences). Outputs are keyed by example index, so the predictions and scores are those of any order."""
-        size = self.mbs * self.dp
-        order = sorted(range(n), key=lambda i: (self.task.length(split, i), i))
-        for start in range(0, n, size):
-            idx = order[start:start + size]
-            yield self._micro(split, idx + [-1] * (size - len(idx)))
-
-
-@torch.no_grad()
-def predict_split(state: LoopState, batches: Batches, split: Split, n: int, losses: list | None = None) -> list:
-    """Per-example outputs of ``split`` in order, gathered from the last stage's TP-rank-0 processes.
-    ``losses`` (collective): gets the mean task loss over the split's micro-batches appended (NeMo's val_loss;
-    the padding rows of the last group repeat example 0)."""
-    state.model.eval()
-    mine, records = [], []
-    for mbs in batches.eval_groups(split, n):
-        for rec in run_batches(state, mbs, forward_only=True):
-            mine.extend(rec["outputs"])
-            records.append(rec)
-    state.model.train()
-    if losses is not None:
-        losses.append(reduce_losses(records))
-    keep = ps.is_pipeline_last_stage() and ps.get_tensor_model_parallel_rank() == 0
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine if keep else [])
-    merged = {i: o for part in gathered for i, o in part if i >= 0}
-    return [merged[i] for i in range(n)]
 
 
 def adopt_head_structure(m, src: Source) -> None:
@@ -252,189 +156,235 @@ def run_finetuning(cfg: FinetuneConfig) -> dict:
     built = setup(cfg)
     with run_dir_lock(cfg.run_dir, f"experiment directory {cfg.run_dir}"), \
             RunLogFile(cfg.run_dir / LOG_FILE, built[0].rank == 0):
-        return _finetune(cfg, *built)
+        run = FinetuneRun(cfg, *built)
+        run.restore()
+        status, seconds = run.train()
+        return run.finish(status, seconds)
 
 
-def _finetune(cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dtype, padded) -> dict:
-    m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
-    batches = Batches(task, cfg)
-    max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * batches.steps_per_epoch
-    every = t.val_every(batches.steps_per_epoch)
-    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
-    scheduler = build_scheduler(optimizer, m.optim, max_steps)
-    layout = ckpt.Layout.current(m.use_distributed_optimizer)
-    run_dir, ckpt_root, resume_root = cfg.run_dir, cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
-    is_writer = world.rank == 0
-    resume = ckpt.find_resume_checkpoint(resume_root) if e.resume_if_exists and resume_root.is_dir() else None
-    per_epoch = batches.steps_per_epoch
-    epochs = math.ceil(max_steps / per_epoch)
-    if is_writer and resume is None:
-        shutil.rmtree(ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
-    dist.barrier()
-    dev = task.split("dev")
-    if dev is None:
-        raise ConfigError("model.dataset.dev_file is required (QA: or model.dataset.dev_holdout_fraction): the best "
-                          "checkpoint is chosen on dev")
-    state = LoopState(model=ddp, optimizer=optimizer, scheduler=scheduler,
-                      forward_step=partial(forward_step, task=task, keep_outputs=False),
-                      train_batches=batches.train, valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
-                      micro_batch_size=m.micro_batch_size, max_steps=max_steps,
-                      max_nonfinite_steps=t.max_nonfinite_steps, report_keys=getattr(task, "report_keys", ()))
-    batches.state = state
-    eval_state = LoopState(**{**state.__dict__, "forward_step": partial(forward_step, task=task, keep_outputs=True)})
-    best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
-    early, stopped_early = EarlyStopping(cfg, task.metric), {"at": None}
-    history: list[dict] = []
-    if resume is not None:  # a preempted run: model, optimizer, scheduler, RNG, best-so-far and history
-        resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume",
+class FinetuneRun:
+    """One fine-tuning run on this rank, from the set-up model to ``results.json``. ``training.loop.train`` runs the
+    steps; the methods are its hooks: progress (``on_step``), dev evaluation keeping the best checkpoint by the
+    task's metric and stopping early (``evaluate_dev``), the save on preemption (``save_for_resume``)."""
+
+    def __init__(self, cfg: FinetuneConfig, world, tokenizer, task: Task, model, ddp, dtype, padded: int) -> None:
+        m, t, e = cfg.model, cfg.trainer, cfg.exp_manager
+        self.cfg, self.tokenizer, self.task, self.model, self.dtype = cfg, tokenizer, task, model, dtype
+        self.batches = Batches(task, cfg)
+        self.per_epoch = self.batches.steps_per_epoch
+        self.max_steps = t.max_steps if t.max_steps > 0 else t.max_epochs * self.per_epoch
+        self.epochs = math.ceil(self.max_steps / self.per_epoch)
+        self.every = t.val_every(self.per_epoch)
+        self.optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
+        self.scheduler = build_scheduler(self.optimizer, m.optim, self.max_steps)
+        self.layout = ckpt.Layout.current(m.use_distributed_optimizer)
+        self.run_dir = cfg.run_dir
+        self.ckpt_root, self.resume_root = cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
+        self.is_writer = world.rank == 0
+        self.resume = (ckpt.find_resume_checkpoint(self.resume_root) if e.resume_if_exists and self.resume_root.is_dir()
+                       else None)
+        if self.is_writer and self.resume is None:
+            shutil.rmtree(self.ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
+        dist.barrier()
+        self.dev = task.split("dev")
+        if self.dev is None:
+            raise ConfigError("model.dataset.dev_file is required (QA: or model.dataset.dev_holdout_fraction): the "
+                              "best checkpoint is chosen on dev")
+        self.state = LoopState(model=ddp, optimizer=self.optimizer, scheduler=self.scheduler,
+                               forward_step=partial(forward_step, task=task, keep_outputs=False),
+                               train_batches=self.batches.train, valid_batches=lambda k: [],
+                               seq_length=m.dataset.max_seq_length, micro_batch_size=m.micro_batch_size,
+                               max_steps=self.max_steps, max_nonfinite_steps=t.max_nonfinite_steps,
+                               report_keys=getattr(task, "report_keys", ()))
+        self.batches.state = self.state
+        self.eval_state = LoopState(**{**self.state.__dict__,
+                                       "forward_step": partial(forward_step, task=task, keep_outputs=True)})
+        self.best = {"metric": -math.inf, "step": None, "dev": None, "path": None}
+        self.early, self.stopped_early_at = EarlyStopping(cfg, task.metric), None
+        self.history: list[dict] = []
+        self.meta = {"task": cfg.task, "model_size": m.size_name(), "vocab_size": tokenizer.vocab_size,
+                     "padded_vocab_size": padded, "labels": task.labels, "compute_dtype": dtype_name(dtype)}
+        self.derived = {"max_steps": self.max_steps, "steps_per_epoch": self.per_epoch, "epochs": self.epochs,
+                        "val_every_steps": self.every, "train_examples": len(task.train.features),
+                        "dev_examples": len(self.dev.features), "world_size": dist.get_world_size(),
+                        "data_parallel_size": ps.get_data_parallel_world_size(), "labels": task.labels,
+                        "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
+                        "compute_dtype": dtype_name(dtype), "resumed_at_step": None}
+        self.stop = StopRequest()
+        self.out: MetricsWriter | None = None  # opened by train()
+        # examples/s since the last logged step; ETA from this process's mean step time (set when training starts)
+        self.clock = {"start": 0.0, "start_step": 0, "last": 0.0, "last_step": 0}
+
+    def restore(self) -> None:
+        """A preempted run (``resume/``): model, optimizer, scheduler, RNG, best-so-far, history, early stopping."""
+        if self.resume is None:
+            return
+        resume_checks.check_compatible(self.resume, self.cfg, self.tokenizer.vocab_file, "resume",
                                        "keep the saved value, or start afresh with another exp_manager.name (or "
                                        "exp_manager.resume_if_exists=false)")
-        state.step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout,
-                                          compute_dtype=dtype_name(dtype))
-        state.skipped_steps = ckpt.read_metadata(resume).get("skipped_steps", 0)
-        saved = json.loads((resume_root / "state.json").read_text())
-        best.update(saved["best"], metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
-        history.extend(saved["history"])
-        early.replay(saved["history"])
-        log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", resume, state.step, best["metric"])
-    meta = {"task": cfg.task, "model_size": m.size_name(), "vocab_size": tokenizer.vocab_size,
-            "padded_vocab_size": padded, "labels": task.labels, "compute_dtype": dtype_name(dtype)}
+        self.state.step = ckpt.load_checkpoint(self.resume, self.model, self.optimizer, self.scheduler, self.layout,
+                                               compute_dtype=dtype_name(self.dtype))
+        self.state.skipped_steps = ckpt.read_metadata(self.resume).get("skipped_steps", 0)
+        saved = json.loads((self.resume_root / "state.json").read_text())
+        self.best.update(saved["best"],
+                         metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)
+        self.history.extend(saved["history"])
+        self.early.replay(saved["history"])
+        self.derived["resumed_at_step"] = self.state.step
+        log.info("resumed fine-tuning from %s at step %d (best dev so far %s)", self.resume, self.state.step,
+                 self.best["metric"])
 
-    def evaluate_dev(step: int) -> None:
-        if not state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)
+    def evaluate_dev(self, step: int) -> None:
+        if not self.state.checkpoint_safe():  # a NaN model must never become "best" (argmax of NaN logits scores)
             log.warning("step %d: dev evaluation skipped, the model is at a non-finite point", step)
             return
-        batches.state = eval_state
+        task, metric = self.task, self.task.metric
+        self.batches.state = self.eval_state
         dev_loss: list[float] = []
-        scores = task.score(dev, predict_split(eval_state, batches, dev, len(dev.features), dev_loss))
-        batches.state = state
-        value = float(scores[task.metric])
-        history.append({"step": step, "dev_" + task.metric: value, "val_loss": dev_loss[0]})
-        out.write({"step": step, "epoch": (step - 1) // per_epoch, "val_loss": dev_loss[0],
-                   "dev_" + task.metric: value},
-                  tensorboard={"val_loss": dev_loss[0], "val_" + task.metric: value})
-        log.info("step %d: dev %s = %.4f (best %.4f)", step, task.metric, value, max(best["metric"], value))
-        if value > best["metric"]:
-            old = best["path"]
-            # The best checkpoint is for predict, export and further fine-tuning, never resumed (resume/ is):
-            # in fp32 its weights are the whole trained state, so the Adam moments (two thirds of the bytes) stay
-            # out; in bf16/fp16 the exact fp32 values live in the optimizer's main parameters, so it keeps them.
-            path = ckpt.save_checkpoint(ckpt_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file,
-                                        layout, meta, with_optimizer=dtype != torch.float32)
-            if is_writer:
-                if task.labels:
-                    (path / "label_ids.csv").write_text("\n".join(task.labels) + "\n", encoding="utf-8")
-                if old is not None and Path(old) != path:
-                    shutil.rmtree(old, ignore_errors=True)
-            dist.barrier()
-            best.update(metric=value, step=step, dev=scores, path=path)
-        if early.update(history[-1]) and step < state.max_steps:  # the loop ends at the new max_steps
+        scores = task.score(self.dev, predict_split(self.eval_state, self.batches, self.dev, len(self.dev.features),
+                                                    dev_loss))
+        self.batches.state = self.state
+        value = float(scores[metric])
+        self.history.append({"step": step, "dev_" + metric: value, "val_loss": dev_loss[0]})
+        self.out.write({"step": step, "epoch": (step - 1) // self.per_epoch, "val_loss": dev_loss[0],
+                        "dev_" + metric: value}, tensorboard={"val_loss": dev_loss[0], "val_" + metric: value})
+        log.info("step %d: dev %s = %.4f (best %.4f)", step, metric, value, max(self.best["metric"], value))
+        if value > self.best["metric"]:
+            self.keep_best(step, value, scores)
+        if self.early.update(self.history[-1]) and step < self.state.max_steps:  # the loop ends at the new max_steps
             log.info("step %d: early stopping: %s did not improve by more than %g for %d dev evaluations; the "
-                     "checkpoint of step %s (best dev %s) is kept", step, early.key, early.min_delta, early.patience,
-                     best["step"], task.metric)
-            stopped_early["at"], state.max_steps = step, step
+                     "checkpoint of step %s (best dev %s) is kept", step, self.early.key, self.early.min_delta,
+                     self.early.patience, self.best["step"], metric)
+            self.stopped_early_at, self.state.max_steps = step, step
 
-    clock = {"start": 0.0, "start_step": state.step, "last": 0.0, "last_step": state.step}  # set when training starts
+    def keep_best(self, step: int, value: float, scores: dict) -> None:
+        """Save the new best checkpoint (with ``label_ids.csv``) and remove the one it replaces."""
+        old = self.best["path"]
+        # The best checkpoint is for predict, export and further fine-tuning, never resumed (resume/ is): in fp32 its
+        # weights are the whole trained state, so the Adam moments (two thirds of the bytes) stay out; in bf16/fp16
+        # the exact fp32 values live in the optimizer's main parameters, so it keeps them.
+        path = ckpt.save_checkpoint(self.ckpt_root, step, self.model, self.optimizer, self.scheduler, self.cfg,
+                                    self.tokenizer.vocab_file, self.layout, self.meta,
+                                    with_optimizer=self.dtype != torch.float32)
+        if self.is_writer:
+            if self.task.labels:
+                (path / "label_ids.csv").write_text("\n".join(self.task.labels) + "\n", encoding="utf-8")
+            if old is not None and Path(old) != path:
+                shutil.rmtree(old, ignore_errors=True)
+        dist.barrier()
+        self.best.update(metric=value, step=step, dev=scores, path=path)
 
-    def on_step(s: int, r: StepResult) -> None:
-        scale = loss_scale(optimizer)  # fp16 only
-        history.append({"step": s, "loss": r.loss if math.isfinite(r.loss) else None, "lr": r.lr,
-                        **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
-                        **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})
-        if not (s % t.log_every_n_steps == 0 or s == 1 or s == max_steps or r.skipped):
-            tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
+    def on_step(self, s: int, r: StepResult) -> None:
+        scale = loss_scale(self.optimizer)  # fp16 only
+        skipped = self.state.skipped_steps
+        counts = {**({"nonfinite": True, "skipped_steps": skipped} if r.nonfinite else {}),
+                  **({"loss_scale": scale, "skipped_steps": skipped} if scale is not None else {})}
+        self.history.append({"step": s, "loss": r.loss if math.isfinite(r.loss) else None, "lr": r.lr, **counts})
+        if not (s % self.cfg.trainer.log_every_n_steps == 0 or s == 1 or s == self.max_steps or r.skipped):
+            self.out.tb.scalars(s, {"loss": r.loss, "lr": r.lr, "grad_norm": r.grad_norm}, train=True)
             return
         # examples/s over the steps since the last logged one; ETA from this process's mean step time (dev
         # evaluations included, so the estimate covers them too)
-        now = time.perf_counter()
-        examples_s = m.global_batch_size * (s - clock["last_step"]) / max(now - clock["last"], 1e-9)
-        eta = (now - clock["start"]) / max(1, s - clock["start_step"]) * (max_steps - s)
+        now, clock = time.perf_counter(), self.clock
+        examples_s = self.cfg.model.global_batch_size * (s - clock["last_step"]) / max(now - clock["last"], 1e-9)
+        eta = (now - clock["start"]) / max(1, s - clock["start_step"]) * (self.max_steps - s)
         clock.update(last=now, last_step=s)
-        epoch = (s - 1) // per_epoch
-        out.write({"step": s, "epoch": epoch, "loss": r.loss, **r.extra, "lr": r.lr, "grad_norm": r.grad_norm,
-                   "examples_per_sec": examples_s, "memory_gib": memory_gib(), "eta_s": round(eta, 1),
-                   **({"nonfinite": True, "skipped_steps": state.skipped_steps} if r.nonfinite else {}),
-                   **({"loss_scale": scale, "skipped_steps": state.skipped_steps} if scale is not None else {})})
+        epoch = (s - 1) // self.per_epoch
+        self.out.write({"step": s, "epoch": epoch, "loss": r.loss, **r.extra, "lr": r.lr, "grad_norm": r.grad_norm,
+                        "examples_per_sec": examples_s, "memory_gib": memory_gib(), "eta_s": round(eta, 1), **counts})
         overflow = r.skipped and not r.nonfinite and scale is not None
         log.info("epoch %d/%d | step %d/%d | loss %.5f | lr %.3g | grad norm %s | %s examples/s | ETA %s%s%s",
-                 epoch + 1, epochs, s, max_steps, r.loss, r.lr,
+                 epoch + 1, self.epochs, s, self.max_steps, r.loss, r.lr,
                  f"{r.grad_norm:.3f}" if r.grad_norm is not None else "-", f"{examples_s:,.1f}", fmt_eta(eta),
                  f" | loss_scale {scale:.4g}" if scale is not None else "",
-                 f" | NON-FINITE: update skipped ({state.skipped_steps} skipped so far)" if r.nonfinite else
-                 f" | fp16 gradient overflow: update skipped ({state.skipped_steps} skipped so far)" if overflow
-                 else "")
+                 f" | NON-FINITE: update skipped ({skipped} skipped so far)" if r.nonfinite else
+                 f" | fp16 gradient overflow: update skipped ({skipped} skipped so far)" if overflow else "")
 
-    def save_for_resume(step: int) -> None:
+    def save_for_resume(self, step: int) -> None:
         """On SIGTERM/SIGUSR1 (preemption): everything needed to continue exactly, beside the best checkpoint."""
-        ckpt.save_checkpoint(resume_root, step, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
-                             {**meta, "skipped_steps": state.skipped_steps})
-        if is_writer:
+        ckpt.save_checkpoint(self.resume_root, step, self.model, self.optimizer, self.scheduler, self.cfg,
+                             self.tokenizer.vocab_file, self.layout, {**self.meta,
+                                                                      "skipped_steps": self.state.skipped_steps})
+        if self.is_writer:
+            best = self.best
             kept = {**best, "path": str(best["path"]) if best["path"] else None,
                     "metric": best["metric"] if best["step"] is not None else None}
-            write_json_atomic(resume_root / "state.json", {"best": kept, "history": history})
+            write_json_atomic(self.resume_root / "state.json", {"best": kept, "history": self.history})
         dist.barrier()
 
-    stop = StopRequest()
-    state.hooks = {"on_step": on_step, "should_validate": lambda s: s % every == 0 or s == max_steps,
-                   "on_validate": lambda s, _: evaluate_dev(s), "val_batches": 0,
-                   "should_save": lambda s: False, "save": save_for_resume, "should_stop": stop.agreed}
-    log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
-             cfg.task, len(task.train.features), batches.steps_per_epoch, max_steps, m.tensor_model_parallel_size,
-             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), describe_precision(dtype))
-    derived = {"max_steps": max_steps, "steps_per_epoch": per_epoch, "epochs": epochs, "val_every_steps": every,
-               "train_examples": len(task.train.features), "dev_examples": len(dev.features),
-               "world_size": dist.get_world_size(), "data_parallel_size": ps.get_data_parallel_world_size(),
-               "labels": task.labels, "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
-               "compute_dtype": dtype_name(dtype), "resumed_at_step": state.step if resume is not None else None}
-    if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
-        write_hparams(run_dir, to_dict(cfg), derived)
-    trackers = open_trackers(cfg, run_dir, is_writer, {**to_dict(cfg), "derived": derived})  # W&B / MLflow
-    out = MetricsWriter(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size, fresh=resume is None,
-                        trackers=trackers)
-    tb = out.tb
-    t0 = time.perf_counter()
-    clock.update(start=t0, last=t0)
-    try:
-        status = train(state)
-    finally:
-        stop.restore()
-        out.close(failed=state.nonfinite_streak >= t.max_nonfinite_steps)
-    if status == "diverged":
+    def train(self) -> tuple[str, float]:
+        """Run the steps to the end (or the stop); returns the loop's status and the seconds it took."""
+        cfg, m, state = self.cfg, self.cfg.model, self.state
+        state.hooks = {"on_step": self.on_step, "should_validate": lambda s: s % self.every == 0 or s == self.max_steps,
+                       "on_validate": lambda s, _: self.evaluate_dev(s), "val_batches": 0,
+                       "should_save": lambda s: False, "save": self.save_for_resume, "should_stop": self.stop.agreed}
+        log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
+                 cfg.task, len(self.task.train.features), self.per_epoch, self.max_steps,
+                 m.tensor_model_parallel_size, m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(),
+                 describe_precision(self.dtype))
+        if self.is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
+            write_hparams(self.run_dir, to_dict(cfg), self.derived)
+        trackers = open_trackers(cfg, self.run_dir, self.is_writer, {**to_dict(cfg), "derived": self.derived})
+        self.out = MetricsWriter(self.run_dir, self.is_writer, cfg.exp_manager.create_tensorboard_logger,
+                                 m.global_batch_size, fresh=self.resume is None, trackers=trackers)  # W&B / MLflow
+        t0 = time.perf_counter()
+        self.clock.update(start=t0, last=t0, start_step=state.step, last_step=state.step)
+        try:
+            status = train(state)
+        finally:
+            self.stop.restore()
+            self.out.close(failed=state.nonfinite_streak >= cfg.trainer.max_nonfinite_steps)
+        return status, time.perf_counter() - t0
+
+    def finish(self, status: str, seconds: float) -> dict:
+        """The run's result: the best checkpoint's dev and test scores, ``results.json``; or the error that ended it."""
+        state, best, run_dir = self.state, self.best, self.run_dir
+        if status == "diverged":
+            ckpt.shutdown_writer()
+            raise NonFiniteError(f"fine-tuning stopped at step {state.step}: loss or gradients non-finite (NaN/Inf) "
+                                 f"for {state.nonfinite_streak} steps in a row (trainer.max_nonfinite_steps="
+                                 f"{self.cfg.trainer.max_nonfinite_steps}); lower model.optim.lr; no results.json "
+                                 f"written for {run_dir}")
+        result = {"task": self.cfg.task, "status": status, "best_step": best["step"], "dev": best["dev"],
+                  "stopped_early_at": self.stopped_early_at, "checkpoint": str(best["path"]),
+                  "train_seconds": round(seconds, 2), "history": self.history}
+        if status == "interrupted":
+            ckpt.shutdown_writer()
+            if self.stop.keyboard:  # 130, as pretraining: a `finetune ... && predict ...` script must not go on
+                raise Interrupted(f"fine-tuning interrupted by Ctrl-C at step {state.step} after saving "
+                                  f"{self.resume_root}; run the same command to resume")
+            log.info("interrupted at step %d; rerun with the same exp_manager.name to resume", state.step)
+            return result
+        if best["path"] is None:
+            ckpt.shutdown_writer()
+            raise NonFiniteError(f"fine-tuning of {run_dir} never reached a finite model to evaluate on dev "
+                                 f"({state.skipped_steps} of {state.step} steps skipped as non-finite); lower "
+                                 "model.optim.lr")
+        self.score_test(result)
+        if self.is_writer:
+            write_json_atomic(run_dir / "results.json", result)
+            shutil.rmtree(self.resume_root, ignore_errors=True)  # finished: nothing to resume
         ckpt.shutdown_writer()
-        raise NonFiniteError(f"fine-tuning stopped at step {state.step}: loss or gradients non-finite (NaN/Inf) for "
-                             f"{state.nonfinite_streak} steps in a row (trainer.max_nonfinite_steps="
-                             f"{t.max_nonfinite_steps}); lower model.optim.lr; no results.json written for {run_dir}")
-    result = {"task": cfg.task, "status": status, "best_step": best["step"], "dev": best["dev"],
-              "stopped_early_at": stopped_early["at"],
-              "checkpoint": str(best["path"]), "train_seconds": round(time.perf_counter() - t0, 2), "history": history}
-    if status == "interrupted":
-        ckpt.shutdown_writer()
-        if stop.keyboard:  # 130, as pretraining: a `finetune ... && predict ...` script must not go on
-            raise Interrupted(f"fine-tuning interrupted by Ctrl-C at step {state.step} after saving "
-                              f"{resume_root}; run the same command to resume")
-        log.info("interrupted at step %d; rerun with the same exp_manager.name to resume", state.step)
         return result
-    if best["path"] is None:
-        ckpt.shutdown_writer()
-        raise NonFiniteError(f"fine-tuning of {run_dir} never reached a finite model to evaluate on dev "
-                             f"({state.skipped_steps} of {state.step} steps skipped as non-finite); lower model.optim.lr")
-    if cfg.model.dataset.test_file:  # read only now: training and selection never saw the test set
-        log.info("training done: scoring the checkpoint of step %d (chosen on dev) on test %s", best["step"],
-                 Path(cfg.model.dataset.data_dir) / cfg.model.dataset.test_file)
-    test = task.split("test")
-    if test is not None and not test.features:
-        ckpt.shutdown_writer()
-        raise _no_examples(cfg, "test", cfg.model.dataset.test_file)
-    if test is not None:
-        ckpt.load_checkpoint(Path(best["path"]), model, model_only=True)
-        batches.state = eval_state
-        outputs = predict_split(eval_state, batches, test, len(test.features))
-        result["test"] = task.score(test, outputs)
-        written = task.write_predictions(test, outputs, run_dir / "test_predictions.jsonl") if is_writer else None
+
+    def score_test(self, result: dict) -> None:
+        """The best checkpoint (chosen on dev) scored on test, its predictions written; read only now, so training
+        and selection never saw the test set."""
+        d = self.cfg.model.dataset
+        if d.test_file:
+            log.info("training done: scoring the checkpoint of step %d (chosen on dev) on test %s", self.best["step"],
+                     Path(d.data_dir) / d.test_file)
+        test = self.task.split("test")
+        if test is not None and not test.features:
+            ckpt.shutdown_writer()
+            raise _no_examples(self.cfg, "test", d.test_file)
+        if test is None:
+            return
+        ckpt.load_checkpoint(Path(self.best["path"]), self.model, model_only=True)
+        self.batches.state = self.eval_state
+        outputs = predict_split(self.eval_state, self.batches, test, len(test.features))
+        result["test"] = self.task.score(test, outputs)
+        written = self.task.write_predictions(test, outputs, self.run_dir / "test_predictions.jsonl") \
+            if self.is_writer else None
         if written is not None:  # what `bio-megatron evaluate <task>` reads
             result["test_predictions"] = str(written)
-    if is_writer:
-        write_json_atomic(run_dir / "results.json", result)
-        shutil.rmtree(resume_root, ignore_errors=True)  # finished: nothing to resume
-    ckpt.shutdown_writer()
-    return result

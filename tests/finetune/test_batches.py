@@ -20,7 +20,8 @@ DATA = [f"model.dataset.data_dir={FIXTURES}", "model.dataset.train_file=bc5cdr_c
 
 def _cut(over: list[str]) -> dict:
     from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.tasks.finetune import PAD_MULTIPLE, Batches, setup
+    from bio_megatron.tasks.finetune import setup
+    from bio_megatron.tasks.finetune_steps import PAD_MULTIPLE, Batches
 
     cfg = load_finetune_config("ner", RECIPES["ner"], over, 1)
     _, _, task, _, _, _, _ = setup(cfg)
