@@ -3,9 +3,8 @@
 * ``local``: the CLI's own ``main`` in a forked child. The suite imports torch and megatron-core once, so a cell
   starts in well under a second instead of paying their import (6-15 s) per cell; the child is exactly
   ``bio-megatron finetune ...`` (same argument parsing, same exit codes), one process on the CPU. Where torch sees
-  a GPU the cell is ``python -m bio_megatron finetune ...`` in a process of its own instead: importing megatron-core
-  asks ``torch.cuda.is_available()``, which initialises the CUDA driver (``cuInit``), and a child forked after that
-  cannot use the GPU.
+  a GPU the cell is ``python -m bio_megatron finetune ...`` in a process of its own instead
+  (``parallel.distributed.forks_can_use_the_device`` says why).
 * ``torchrun``: ``torchrun --standalone --nproc-per-node=N -m bio_megatron finetune ...`` on this host.
 * ``srun``: inside a SLURM allocation (``slurm/benchmark.sbatch``), one task per GPU on every node of the job,
   ranks from ``SLURM_*`` as ``slurm/common.sh`` launches them.
@@ -100,9 +99,9 @@ class Launcher:
 
     def forks(self) -> bool:
         """local: fork the CLI from this process (no GPU), or start it as a process of its own (GPU)."""
-        import torch
+        from bio_megatron.parallel.distributed import forks_can_use_the_device
 
-        return self.kind == "local" and not torch.cuda.is_available()
+        return self.kind == "local" and forks_can_use_the_device()
 
     def prepare(self) -> None:
         """local without a GPU: import torch and megatron-core once, before the first fork."""

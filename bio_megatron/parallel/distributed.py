@@ -71,6 +71,14 @@ def use_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def forks_can_use_the_device() -> bool:
+    """Whether a child forked from this process can still run the model: not where torch sees a GPU. Asking
+    ``torch.cuda.is_available()`` (megatron-core's import does) initialises the CUDA driver (``cuInit``), and a child
+    forked after that cannot use the GPU, so such children must be processes of their own (``spawn``, a new
+    interpreter). The one rule for ``benchmark``'s local cells and ``predict``'s worker pool."""
+    return not use_gpu()
+
+
 def init_distributed(world: WorldInfo | None = None, timeout_s: int = 600) -> WorldInfo:
     """Initialise torch.distributed (idempotent) and return the world. Checks the megatron-core version and makes
     the seam's process-wide replacements first (the CPU shim without a GPU; with one, only the torch-Adam

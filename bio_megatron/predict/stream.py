@@ -204,14 +204,13 @@ def _context():
     the parent (or a test process forking it) may well have run torch. ``forkserver``: one fresh interpreter that
     imports torch, megatron-core and the loader once (:mod:`.pool_preload`, no torch operation run, one thread)
     and forks every worker from there, so a pool of N costs one import instead of N ``spawn`` ones. ``spawn`` where
-    the platform has no fork server, and where torch sees a GPU: megatron-core's import asks
-    ``torch.cuda.is_available()``, which initialises the CUDA driver in the fork server, and its forks could not
-    use the GPU."""
+    the platform has no fork server, and where torch sees a GPU (the fork server's children could not use it:
+    ``parallel.distributed.forks_can_use_the_device``)."""
     import multiprocessing as mp
 
-    import torch
+    from bio_megatron.parallel.distributed import forks_can_use_the_device
 
-    if "forkserver" not in mp.get_all_start_methods() or torch.cuda.is_available():
+    if "forkserver" not in mp.get_all_start_methods() or not forks_can_use_the_device():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload([PRELOAD])
