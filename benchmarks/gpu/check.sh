@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check in one call, for a bare GPU machine (Python 3.12 with PyTorch, transformers, tokenizers and
 # safetensors; no network): installs the pack `make gpu-pack` wrote (benchmarks/gpu/wheels/) into a temporary
-# folder and runs, each step under its own time limit and all within 9 minutes:
+# folder and runs, each step under its own time limit and all within 7 minutes (TOTAL_S; a loan is 15 minutes in
+# all, machine start included, so a second call can rerun a step):
 #   gpu_tests      the tests marked gpu (tests/gpu: bf16/fp16 steps with SDPA, recompute, gradient-accumulation
 #                  fusion, a TP1 tiny run equal to the CPU run)
 #   bench_345m     bio-megatron bench pretrain 345m seq 512 bf16 vs transformers, MFU against a matmul peak
@@ -11,8 +12,9 @@
 #   smoke          a user's path through the CLI: finetune ner (tiny, bf16), predict ner with 2 workers, export hf
 # and writes check.log, each step's JSON and summary.json into OUT (the argument, else $OUT).
 #
-#   benchmarks/gpu/check.sh [--dry-run] [OUT]
+#   benchmarks/gpu/check.sh [--dry-run] [--steps NAME,...] [OUT]
 #
+# --steps: only these of the five steps above (cuda and install always run), e.g. to rerun the one that failed.
 # --dry-run (CPU): builds a virtualenv that sees only torch, transformers, tokenizers and safetensors (and their
 # dependencies) from this machine's .venv, installs the pack into it and, in one process, imports every module the
 # check needs, runs the gpu tests (they skip) and the other steps at tiny sizes (benchmarks/gpu/dry_run.py).
@@ -21,7 +23,7 @@ set -euo pipefail
 
 # --- configuration (environment) -------------------------------------------------------------------------------
 PYTHON="${PYTHON:-python3}"             # the machine's interpreter with torch & co. (not used by --dry-run)
-TOTAL_S="${TOTAL_S:-540}"               # the whole check, install included: 9 minutes
+TOTAL_S="${TOTAL_S:-420}"               # the whole check, install included: 7 minutes
 LIMIT_INSTALL=60 LIMIT_TESTS=200 LIMIT_BENCH=150 LIMIT_MEMORY=120 LIMIT_FINETUNE=150 LIMIT_SMOKE=120 LIMIT_DRY=240
 # bench finetune: real BC5CDR-chem sentences of the tree (NER) and GAD (classification), bf16, the seeded tiny BERT
 BENCH_FINETUNE_ARGS="${BENCH_FINETUNE_ARGS:---ner-train tests/fixtures/finetune/bc5cdr_chem_train_head.tsv \
@@ -29,10 +31,30 @@ BENCH_FINETUNE_ARGS="${BENCH_FINETUNE_ARGS:---ner-train tests/fixtures/finetune/
 --classify-task gad --precision bf16 --threads 4}"
 # -----------------------------------------------------------------------------------------------------------------
 
+GPU_STEPS=(gpu_tests bench_345m memory_1p2b bench_finetune smoke)  # the steps --steps chooses among, in order
+
 die() { echo "error: $*" >&2; exit 2; }
-DRY=0
-if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
-[[ $# -le 1 && "${1:-}" != -* ]] || die "usage: check.sh [--dry-run] [OUT]"
+USAGE="usage: check.sh [--dry-run] [--steps NAME,...] [OUT]"
+DRY=0 ONLY=""
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --dry-run) DRY=1; shift ;;
+    --steps) [[ $# -ge 2 ]] || die "$USAGE"; ONLY="$2"; shift 2 ;;
+    --steps=*) ONLY="${1#--steps=}"; shift ;;
+    *) die "$USAGE" ;;
+  esac
+done
+[[ $# -le 1 && "${1:-}" != -* ]] || die "$USAGE"
+if [[ -n "$ONLY" ]]; then
+  (( ! DRY )) || die "--steps chooses among the GPU check's steps; --dry-run always runs its own three"
+  rest="$ONLY,"
+  while [[ -n "$rest" ]]; do  # every comma-separated name, empty ones included
+    name="${rest%%,*}" rest="${rest#*,}"
+    [[ " ${GPU_STEPS[*]} " == *" $name "* ]] || die "--steps: unknown step '$name' (one of ${GPU_STEPS[*]})"
+  done
+fi
+# chosen NAME: whether step NAME runs (every step unless --steps names others)
+chosen() { [[ -z "$ONLY" || ",$ONLY," == *",$1,"* ]]; }
 DEST="${1:-${OUT:-}}"
 [[ -n "$DEST" ]] || die "no output folder: give it as the argument or set OUT"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -54,6 +76,10 @@ DEADLINE=$(( $(date +%s) + TOTAL_S ))
 step() {
   local name="$1" limit="$2"; shift 2
   local start left rc
+  if [[ " ${GPU_STEPS[*]} " == *" $name "* ]] && ! chosen "$name"; then
+    echo "=== $name: not chosen (--steps $ONLY)" >>"$LOG"
+    return 0
+  fi
   start=$(date +%s); left=$(( DEADLINE - start ))
   (( limit < left )) || limit=$left
   if (( limit < 5 )); then
@@ -145,7 +171,9 @@ sys.exit(not torch.cuda.is_available())'
       --micro-batch 8 --json "$DEST/bench_345m.json"
   step memory_1p2b "$LIMIT_MEMORY" "$PY" benchmarks/gpu/memory.py --size 1.2b --seq 512 --precision bf16 \
       --recompute full --json "$DEST/memory_1p2b.json"
-  if "$PY" -m bio_megatron bench finetune --help >/dev/null 2>&1; then
+  if ! chosen bench_finetune; then
+    step bench_finetune 0 true  # logged as not chosen
+  elif "$PY" -m bio_megatron bench finetune --help >/dev/null 2>&1; then
     # shellcheck disable=SC2086  # word splitting of the extra arguments is wanted
     step bench_finetune "$LIMIT_FINETUNE" "$PY" -m bio_megatron bench finetune $BENCH_FINETUNE_ARGS \
         --json "$DEST/bench_finetune.json"

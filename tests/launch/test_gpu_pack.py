@@ -126,6 +126,23 @@ def test_check_without_a_pack_is_one_line(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--steps", "smoke,bench", "OUT"], "--steps: unknown step 'bench' (one of gpu_tests bench_345m memory_1p2b "
+                                        "bench_finetune smoke)"),
+    (["--steps", "smoke,", "OUT"], "--steps: unknown step ''"),
+    (["--dry-run", "--steps", "smoke", "OUT"], "--steps chooses among the GPU check's steps"),
+    (["OUT", "--steps"], "usage: check.sh [--dry-run] [--steps NAME,...] [OUT]"),
+    (["--stepz", "smoke", "OUT"], "usage: check.sh"),
+])
+def test_check_refuses_bad_options_in_one_line_before_writing(args, message, tmp_path):
+    """``--steps`` (rerun only the named steps in a second, shorter call) is checked before anything is written."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(GPU / "check.sh"), *(str(out) if a == "OUT" else a for a in args)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "PACK": str(tmp_path / "none")})
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+    assert not out.exists()
+
+
 def test_check_on_a_machine_without_cuda_stops_after_saying_so(pack, tmp_path):
     import torch
 
