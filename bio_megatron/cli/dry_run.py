@@ -98,11 +98,11 @@ def pretrain_report(cfg, world_size: int, check_paths: bool = True) -> dict:
             except BioMegatronError as exc:
                 problems.append(f"model.data.data_prefix: {exc}")
         if m.restore_from_path and "model.restore_from_path" not in bad:
-            from bio_megatron.training import checkpoint as ckpt
+            from bio_megatron.training import checkpoint_dir as ckpt_dir
             from bio_megatron.training.resume_checks import check_compatible
 
             try:  # pretraining continues only from the same shape, vocabulary and family: refused now, not later
-                check_compatible(Path(ckpt.read_metadata(m.restore_from_path)["path"]), cfg, tokenizer.vocab_file,
+                check_compatible(Path(ckpt_dir.read_metadata(m.restore_from_path)["path"]), cfg, tokenizer.vocab_file,
                                  "restore")
             except BioMegatronError as exc:
                 problems.append(f"model.restore_from_path: {exc}")

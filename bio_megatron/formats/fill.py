@@ -20,7 +20,8 @@ from bio_megatron.formats.source import Source
 from bio_megatron.models.hf_convert import TE_ALIASES
 from bio_megatron.models.init import sharded_parts
 from bio_megatron.training import integrity
-from bio_megatron.training.checkpoint import from_main_params, load_sharded, verify
+from bio_megatron.training.checkpoint import from_main_params, load_sharded
+from bio_megatron.training.checkpoint_dir import verify
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
 

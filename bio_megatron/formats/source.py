@@ -20,7 +20,7 @@ from bio_megatron.formats.saved import saved_model_config
 from bio_megatron.formats.foreign import cached_vocab, imported
 from bio_megatron.formats.hf.read import CLASS_TASK, apply_head, plain_head, source_head
 from bio_megatron.models.hf_convert import read_tokenizer_json
-from bio_megatron.training.checkpoint import read_metadata
+from bio_megatron.training.checkpoint_dir import read_metadata
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.io import load_json
 from bio_megatron.vocab.tokenizer_json import is_bpe_tokenizer_json

@@ -35,6 +35,7 @@ from bio_megatron.tasks.early_stopping import EarlyStopping, monitor_key
 from bio_megatron.tasks.finetune_steps import Batches, forward_step, predict_split
 from bio_megatron.tasks.protocol import TASKS, Task
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training import checkpoint_dir as ckpt_dir
 from bio_megatron.training import resume_checks
 from bio_megatron.training.guards import run_dir_lock
 from bio_megatron.training.loop import LoopState, StepResult, train
@@ -181,8 +182,8 @@ class FinetuneRun:
         self.run_dir = cfg.run_dir
         self.ckpt_root, self.resume_root = cfg.run_dir / "checkpoints", cfg.run_dir / "resume"
         self.is_writer = world.rank == 0
-        self.resume = (ckpt.find_resume_checkpoint(self.resume_root) if e.resume_if_exists and self.resume_root.is_dir()
-                       else None)
+        resumable = e.resume_if_exists and self.resume_root.is_dir()
+        self.resume = ckpt_dir.find_resume_checkpoint(self.resume_root) if resumable else None
         if self.is_writer and self.resume is None:
             shutil.rmtree(self.ckpt_root, ignore_errors=True)  # best-by-dev of *this* run only
         dist.barrier()
@@ -224,7 +225,7 @@ class FinetuneRun:
                                        "exp_manager.resume_if_exists=false)")
         self.state.step = ckpt.load_checkpoint(self.resume, self.model, self.optimizer, self.scheduler, self.layout,
                                                compute_dtype=dtype_name(self.dtype))
-        self.state.skipped_steps = ckpt.read_metadata(self.resume).get("skipped_steps", 0)
+        self.state.skipped_steps = ckpt_dir.read_metadata(self.resume).get("skipped_steps", 0)
         saved = json.loads((self.resume_root / "state.json").read_text())
         self.best.update(saved["best"],
                          metric=saved["best"]["metric"] if saved["best"]["step"] is not None else -math.inf)

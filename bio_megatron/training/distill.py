@@ -31,6 +31,7 @@ from bio_megatron.models.bert import describe_precision, dtype_name, precision_d
 from bio_megatron.models.init import init_weights
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training import checkpoint_dir as ckpt_dir
 from bio_megatron.training import distill_loss, memory
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
@@ -129,7 +130,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     if resume is not None:
         _warn_changed_distillation(resume, cfg)
     elif restore is not None:
-        restore = Path(ckpt.read_metadata(restore)["path"])
+        restore = Path(ckpt_dir.read_metadata(restore)["path"])
     if not t.skip_memory_check:
         memory.check_fits(m, padded, dtype, ps.get_data_parallel_world_size())
     data = PretrainData(cfg, tokenizer, ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(),
@@ -143,8 +144,8 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     step, skipped, origin = 0, 0, {}
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
-        skipped = ckpt.read_metadata(resume).get("skipped_steps", 0)
-        origin = ckpt.unverified_origin(resume)
+        skipped = ckpt_dir.read_metadata(resume).get("skipped_steps", 0)
+        origin = ckpt_dir.unverified_origin(resume)
         log.info("resumed from %s at step %d", resume, step)
 
     # the teacher's forward counts as a third of its training FLOPs (no backward)
@@ -197,7 +198,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
             guarded_save(state, save, "final")
         if status == "diverged":
             raise diverged(run_dir, ckpt_root, state)
-        ckpt.write_status(run_dir, status, state.step)
+        ckpt_dir.write_status(run_dir, status, state.step)
         if status == "interrupted" and stop.keyboard:
             raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted); run the same "
                               "command to resume")

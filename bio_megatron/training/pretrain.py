@@ -22,6 +22,7 @@ from bio_megatron.models.init import init_weights
 from bio_megatron.parallel import seam
 from bio_megatron.parallel.distributed import init_distributed, init_model_parallel
 from bio_megatron.training import checkpoint as ckpt
+from bio_megatron.training import checkpoint_dir as ckpt_dir
 from bio_megatron.training import electra_loss, memory, resume_checks
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
@@ -113,15 +114,16 @@ def continued_from(cfg, tokenizer) -> tuple[Path | None, Path | None]:
     allocates. Stale half-written saves of the run are removed first."""
     e, m = cfg.exp_manager, cfg.model
     ckpt_root = cfg.run_dir / "checkpoints"
-    ckpt.remove_stale_saves(ckpt_root)
+    ckpt_dir.remove_stale_saves(ckpt_root)
     resume = Path(e.resume_from_checkpoint) if e.resume_from_checkpoint else (
-        ckpt.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
+        ckpt_dir.find_resume_checkpoint(ckpt_root) if e.resume_if_exists else None)
     restore = Path(m.restore_from_path) if m.restore_from_path and resume is None else None
     if resume is not None:
-        resume = Path(ckpt.read_metadata(resume)["path"])
+        resume = Path(ckpt_dir.read_metadata(resume)["path"])
         resume_checks.check_compatible(resume, cfg, tokenizer.vocab_file, "resume")
     elif restore is not None:
-        resume_checks.check_compatible(Path(ckpt.read_metadata(restore)["path"]), cfg, tokenizer.vocab_file, "restore")
+        resume_checks.check_compatible(Path(ckpt_dir.read_metadata(restore)["path"]), cfg, tokenizer.vocab_file,
+                                       "restore")
     return resume, restore
 
 
@@ -194,8 +196,8 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     step, skipped, origin = 0, 0, {}
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
-        skipped = ckpt.read_metadata(resume).get("skipped_steps", 0)  # the run's count, not this process's
-        origin = ckpt.unverified_origin(resume)
+        skipped = ckpt_dir.read_metadata(resume).get("skipped_steps", 0)  # the run's count, not this process's
+        origin = ckpt_dir.unverified_origin(resume)
         log.info("resumed from %s at step %d", resume, step)
     elif restore is not None:
         ckpt.load_checkpoint(restore, model, optimizer, model_only=True, compute_dtype=dtype_name(dtype))
@@ -258,7 +260,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
             guarded_save(state, save, "final")  # (a run resumed at max_steps has its final checkpoint already)
         if status == "diverged":
             raise diverged(run_dir, ckpt_root, state)
-        ckpt.write_status(run_dir, status, state.step)
+        ckpt_dir.write_status(run_dir, status, state.step)
         if status == "interrupted" and stop.keyboard:
             latest = ckpt_root / "latest"
             kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none"

@@ -156,7 +156,7 @@ def _export(ckpt: str, out: str) -> tuple[str, dict]:
 @pytest.fixture(scope="module")
 def post_ln_run(pubmed_prefix, tmp_path_factory) -> tuple[Path, Path]:
     """A 2-step post-LN pretraining checkpoint written now, and a copy as older checkpoints are (no family)."""
-    from bio_megatron.training.checkpoint import latest_checkpoint
+    from bio_megatron.training.checkpoint_dir import latest_checkpoint
 
     root = tmp_path_factory.mktemp("family_runs")
     rc, msg = _pretrain(pubmed_prefix, root, "post_ln", "model.transformer_block_type=post_ln")
