@@ -6,10 +6,10 @@ same examples (our task reader's, ``model.dataset.max_train_examples`` of them),
 * **step**: whole train steps (forward, backward, clipping, Adam) on the same batches. Ours is the fine-tuning
   code path itself (``tasks.finetune.setup``, ``tasks.finetune_steps.Batches``, ``training.loop.train_step``:
   megatron-core DDP and optimizer); theirs ``AutoModelFor{Token,Sequence}Classification`` +
-  ``torch.optim.AdamW(fused=True)`` (the Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast`` for bf16. Each side lives in a
-  process of its own (``spawn``: as ``bench/hf_process.py`` explains, one heap would couple them) and the parent
-  alternates their timed steps (ours, theirs, then theirs, ours, ...) so that other jobs' load weighs on both;
-  examples/s from the mean step time. With ``--packing`` our side packs each micro-batch's examples into shared
+  ``torch.optim.AdamW(fused=True)`` (the Trainer's default) and ``clip_grad_norm_(1.0)``, under ``torch.autocast``
+  for bf16 (``bench/finetune_sides.py``). Each side lives in a process of its own (``bench/side_process.py``: one
+  heap would couple them) and the parent alternates their timed steps (ours, theirs, then theirs, ours, ...) so
+  that other jobs' load weighs on both; examples/s from the mean step time. With ``--packing`` our side packs each micro-batch's examples into shared
   rows (``model.dataset.packing``: the same examples, losses and update, fewer padded positions) while transformers
   keeps the padded batch its Trainer would build; the JSON counts the token positions each side ran. With
   ``--group-by-length`` both sides take steps of similar-length examples (``model.dataset.group_by_length``; the
@@ -29,17 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import shutil
 import statistics
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
+from bio_megatron.bench.finetune_sides import recipe, worker
 from bio_megatron.bench.predict import BASELINE, child_env, run_process
+from bio_megatron.bench.side_process import SideProcess
 from bio_megatron.utils.errors import ConfigError
 from bio_megatron.utils.log import get_logger
 
@@ -126,173 +126,25 @@ def overrides(args: argparse.Namespace, task: str, folder: Path, train: str, dev
                    "model.classifier_head.fc_dropout=0.1"]
 
 
-def _recipe(task: str) -> Path:
-    from bio_megatron.config.recipes import find_recipe
-
-    return find_recipe(task, "_base")
-
-
-# --- the two sides of the step benchmark, each in a process of its own ---------------------------------------
-def _ours_side(spec: dict) -> tuple[Any, list]:
-    """Our fine-tuning stack as ``finetune`` builds it; a step function and the batches of steps 0..n-1."""
-    from functools import partial
-
-    import torch
-
-    from bio_megatron.config.finetune import load_finetune_config
-    from bio_megatron.tasks.finetune import setup
-    from bio_megatron.tasks.finetune_steps import Batches, forward_step
-    from bio_megatron.training.loop import LoopState, train_step
-    from bio_megatron.training.optimizer import build_optimizer, build_scheduler
-
-    cfg = load_finetune_config(spec["task"], _recipe(spec["task"]), spec["overrides"], 1)
-    m, t = cfg.model, cfg.trainer
-    _, _, task, _, ddp, dtype, _ = setup(cfg)
-    batches = Batches(task, cfg)
-    optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
-    state = LoopState(model=ddp, optimizer=optimizer, scheduler=build_scheduler(optimizer, m.optim, 1000),
-                      forward_step=partial(forward_step, task=task, keep_outputs=False), train_batches=batches.train,
-                      valid_batches=lambda k: [], seq_length=m.dataset.max_seq_length,
-                      micro_batch_size=m.micro_batch_size, max_steps=1000, max_nonfinite_steps=t.max_nonfinite_steps)
-    batches.state = state
-    plan = [batches.train(i) for i in range(spec["total"])]
-
-    def step(i: int) -> float:
-        t0 = time.perf_counter()
-        state.step = i
-        train_step(state)
-        if torch.cuda.is_available():  # the optimizer's last kernels are still queued: timed as the HF side's
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    return step, plan
-
-
-def _hf_side(spec: dict, get_plan) -> Any:
-    """The baseline model and optimizer, then our batches (``get_plan``: they come once ours is built)."""
-    import torch
-    import transformers
-
-    auto = (transformers.AutoModelForTokenClassification if spec["task"] == "ner"
-            else transformers.AutoModelForSequenceClassification)
-    # on the device ours trains on: a GPU run compared with a CPU baseline would measure the device, not the code
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = auto.from_pretrained(spec["folder"]).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=0.0, fused=True)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=spec["precision"] == "bf16")
-    label_key = "labels" if spec["task"] == "ner" else "label"
-    plan = get_plan()  # packed or not, a batch keeps the task's own padded keys: those are what HF trains on
-    hf_plan = [[{"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device),
-                 "token_type_ids": b["tokentype_ids"].to(device), "labels": b[label_key].to(device)} for b in micro]
-               for micro in plan]
-
-    def step(i: int) -> float:
-        t0 = time.perf_counter()
-        micro = hf_plan[i]
-        for b in micro:
-            with autocast:
-                loss = model(**b).loss
-            (loss / len(micro)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if device.type == "cuda":  # kernels run asynchronously: the step ends when they do (ours reads its loss)
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
-    return step
-
-
-def _worker(conn, side: str, spec: dict, threads: int) -> None:
-    """Build one side, report ready (ours: with its batches), then run step ``i`` per request."""
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-        if side == "ours":
-            from bio_megatron.parallel.seam import import_megatron_core
-
-            import_megatron_core()  # as `finetune` starts: without Inductor's and wandb's imports
-            step, plan = _ours_side(spec)
-            conn.send(("ready", plan))
-        else:
-            step = _hf_side(spec, conn.recv)
-            conn.send(("ready", None))
-        while (msg := conn.recv()) != "stop":
-            conn.send(("ok", step(msg)))
-        if side == "ours":
-            from bio_megatron.parallel.distributed import teardown
-
-            teardown()
-    except BaseException:  # the parent raises it with the child's traceback
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-class _Side:
-    """One side's process; both start together (their imports overlap), ``ready`` waits for the model."""
-
-    def __init__(self, side: str, spec: dict, threads: int) -> None:
-        ctx = mp.get_context("spawn")
-        self.name = side
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, side, spec, threads), daemon=True, name=f"bench-{side}")
-        self.proc.start()
-        child.close()
-
-    def ready(self, plan: list | None = None) -> Any:
-        """Hand the baseline our batches; returns ours' batches (None for the baseline)."""
-        if plan is not None:
-            self.conn.send(plan)
-        return self._receive()
-
-    def _receive(self) -> Any:
-        try:
-            status, payload = self.conn.recv()
-        except EOFError:
-            self.proc.join(timeout=10)
-            raise RuntimeError(f"the {self.name} side's process exited (code {self.proc.exitcode}) without a "
-                               "result; out of memory?") from None
-        if status == "error":
-            raise RuntimeError(f"the {self.name} side's process failed:\n{payload}")
-        return payload
-
-    def step(self, i: int) -> float:
-        self.conn.send(i)
-        return self._receive()
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            try:
-                self.conn.send("stop")
-            except OSError:
-                pass
-            self.proc.join(timeout=60)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
-        self.conn.close()
-
-
 def measure_steps(args: argparse.Namespace, task: str, folder: Path, over: list[str]) -> dict:
     total = args.warmup + args.steps
-    ours = _Side("ours", {"task": task, "overrides": over, "total": total}, args.threads)
+    ours = SideProcess("ours side", worker, ("ours", {"task": task, "overrides": over, "total": total}, args.threads))
     hf = None
     try:
-        hf = _Side("hf", {"task": task, "folder": str(folder), "lr": args.lr, "precision": args.precision},
-                   args.threads)
-        plan = ours.ready()
-        hf.ready(plan)
+        hf = SideProcess("transformers side", worker, (
+            "hf", {"task": task, "folder": str(folder), "lr": args.lr, "precision": args.precision}, args.threads))
+        plan = ours.receive()  # ready, with the batches of every step
+        hf.send(plan)
+        hf.receive()
         sides = {"ours": ours, "transformers": hf}
         for i in range(args.warmup):
             for s in sides.values():
-                s.step(i)
+                s.request(i)
         times: dict[str, list[float]] = {n: [] for n in sides}
         for k in range(args.steps):
             order = list(sides) if k % 2 == 0 else list(sides)[::-1]
             for name in order:
-                times[name].append(sides[name].step(args.warmup + k))
+                times[name].append(sides[name].request(args.warmup + k))
             log.info("step %d/%d: ours %.3f s, transformers %.3f s", k + 1, args.steps, times["ours"][-1],
                      times["transformers"][-1])
     finally:
@@ -332,7 +184,7 @@ def _export_examples(args: argparse.Namespace, task: str, folder: Path, over: li
     from bio_megatron.tasks.protocol import TASKS
     from bio_megatron.vocab.bpe import load_tokenizer
 
-    cfg = load_finetune_config(task, _recipe(task), over, 1)
+    cfg = load_finetune_config(task, recipe(task), over, 1)
     src = resolve_source(folder)
     reader = TASKS[task](cfg, load_tokenizer(src.vocab_file, cfg.model.tokenizer.do_lower_case), src.labels)
     paths = []
@@ -370,7 +222,7 @@ def measure_epoch(args: argparse.Namespace, task: str, folder: Path, over: list[
             if side == "ours":
                 shutil.rmtree(tmp / f"ours_{task}", ignore_errors=True)  # a fresh run each round
                 res = run_process([sys.executable, "-m", "bio_megatron", "finetune", task, "--config",
-                                   str(_recipe(task))] + over, env, tmp / f"ours_epoch_{task}.log")
+                                   str(recipe(task))] + over, env, tmp / f"ours_epoch_{task}.log")
                 found = sorted((tmp / f"ours_{task}").glob("*/results.json"))  # a one-seed sweep: <name>/seed42/
                 res["train_seconds"] = json.loads(found[0].read_text()).get("train_seconds") if found else None
             else:

@@ -6,26 +6,27 @@ are what the other's next allocations get, and whether a large block comes back 
 measured ours/HF anywhere between 0.98 and 1.10 at 345m. Here the HF model lives in a fresh interpreter (the
 ``spawn`` start method: glibc's defaults, as a user's own HF script gets them), built from the same initial
 weights, and the parent still alternates the two sides' timed steps (``time_steps``), so that load from other
-processes weighs on both alike. A step request and its timings travel over a pipe; the step runs in the child.
+processes weighs on both alike. A step request and its timings travel over a pipe (``bench/side_process.py``, as
+for ``bench finetune``'s two sides); the step runs in the child.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
+from bio_megatron.bench.side_process import SideProcess, serve
 from bio_megatron.utils.log import get_logger
 
 log = get_logger(__name__)
 
 
 def _worker(conn, args: dict[str, Any], dtype_name: str, weights_path: str, threads: int) -> None:
-    """Build the HF side from the saved weights, report ready, then run one train step per request."""
-    try:
+    """Build the HF side from the saved weights, report ready (with its optimizer's name), then run one train step
+    per request."""
+    def build():
         import torch
 
         from bio_megatron.bench.hf_pretrain import hf_step
@@ -33,14 +34,9 @@ def _worker(conn, args: dict[str, Any], dtype_name: str, weights_path: str, thre
         torch.set_num_threads(threads)
         weights = torch.load(weights_path, weights_only=True)
         step, optimizer = hf_step(argparse.Namespace(**args), getattr(torch, dtype_name), weights)
-        del weights
-        conn.send(("ready", optimizer))
-        while conn.recv() == "step":
-            conn.send(("ok", step()))
-    except BaseException:  # the parent raises it with the child's traceback
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
+        return (lambda _request: step()), optimizer
+
+    serve(conn, build)
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -55,40 +51,16 @@ class HFProcess:
     def __init__(self, args: argparse.Namespace, dtype: "Any", weights: dict) -> None:
         import torch
 
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
         with tempfile.TemporaryDirectory(prefix="bench-hf-") as tmp:
             path = Path(tmp) / "weights.pt"
             torch.save(weights, path)
-            self._proc = ctx.Process(target=_worker, daemon=True, name="bench-hf", args=(
-                child, _options(args), str(dtype).removeprefix("torch."), str(path), torch.get_num_threads()))
-            self._proc.start()
-            child.close()
-            self.optimizer = self._receive()  # the weights are loaded once the child is ready
-        log.info("HF baseline runs in its own process (pid %d)", self._proc.pid)
-
-    def _receive(self) -> Any:
-        try:
-            status, payload = self._conn.recv()
-        except EOFError:
-            self._proc.join(timeout=10)
-            raise RuntimeError(f"the HF baseline process exited (code {self._proc.exitcode}) without a result; "
-                               "out of memory?") from None
-        if status == "error":
-            raise RuntimeError(f"the HF baseline process failed:\n{payload}")
-        return payload
+            self._side = SideProcess("HF baseline", _worker, (_options(args), str(dtype).removeprefix("torch."),
+                                                              str(path), torch.get_num_threads()))
+            self.optimizer = self._side.receive()  # the weights are loaded once the child is ready
+        log.info("HF baseline runs in its own process (pid %d)", self._side.pid)
 
     def step(self) -> dict[str, float]:
-        self._conn.send("step")
-        return self._receive()
+        return self._side.request("step")
 
     def close(self) -> None:
-        if self._proc.is_alive():
-            try:
-                self._conn.send("stop")
-            except OSError:
-                pass
-            self._proc.join(timeout=30)
-        if self._proc.is_alive():
-            self._proc.kill()
-        self._conn.close()
+        self._side.close(timeout=30)
