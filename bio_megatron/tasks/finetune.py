@@ -211,7 +211,7 @@ class FinetuneRun:
                         "data_parallel_size": ps.get_data_parallel_world_size(), "labels": task.labels,
                         "vocab_file": str(tokenizer.vocab_file), "padded_vocab_size": padded,
                         "compute_dtype": dtype_name(dtype), "resumed_at_step": None}
-        self.stop = StopRequest()
+        self.stop: StopRequest | None = None  # train() takes the stop signals over while the steps run
         self.out: MetricsWriter | None = None  # opened by train()
         # examples/s since the last logged step; ETA from this process's mean step time (set when training starts)
         self.clock = {"start": 0.0, "start_step": 0, "last": 0.0, "last_step": 0}
@@ -316,9 +316,6 @@ class FinetuneRun:
     def train(self) -> tuple[str, float]:
         """Run the steps to the end (or the stop); returns the loop's status and the seconds it took."""
         cfg, m, state = self.cfg, self.cfg.model, self.state
-        state.hooks = {"on_step": self.on_step, "should_validate": lambda s: s % self.every == 0 or s == self.max_steps,
-                       "on_validate": lambda s, _: self.evaluate_dev(s), "val_batches": 0,
-                       "should_save": lambda s: False, "save": self.save_for_resume, "should_stop": self.stop.agreed}
         log.info("fine-tuning %s: %d train examples, %d step(s)/epoch, %d steps | TP %d PP %d DP %d | compute dtype %s",
                  cfg.task, len(self.task.train.features), self.per_epoch, self.max_steps,
                  m.tensor_model_parallel_size, m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(),
@@ -328,6 +325,10 @@ class FinetuneRun:
         trackers = open_trackers(cfg, self.run_dir, self.is_writer, {**to_dict(cfg), "derived": self.derived})
         self.out = MetricsWriter(self.run_dir, self.is_writer, cfg.exp_manager.create_tensorboard_logger,
                                  m.global_batch_size, fresh=self.resume is None, trackers=trackers)  # W&B / MLflow
+        self.stop = StopRequest()  # SIGTERM/SIGUSR1/Ctrl-C: save resume/ at the end of the step (restored below)
+        state.hooks = {"on_step": self.on_step, "should_validate": lambda s: s % self.every == 0 or s == self.max_steps,
+                       "on_validate": lambda s, _: self.evaluate_dev(s), "val_batches": 0,
+                       "should_save": lambda s: False, "save": self.save_for_resume, "should_stop": self.stop.agreed}
         t0 = time.perf_counter()
         self.clock.update(start=t0, last=t0, start_step=state.step, last_step=state.step)
         try:
