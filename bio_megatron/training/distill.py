@@ -155,7 +155,6 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     runlog = RunLogger(run_dir, world.rank == 0, e.create_tensorboard_logger, tokens, m.global_batch_size * flops,
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
                        trackers=open_trackers(cfg, run_dir, world.rank == 0, to_dict(cfg)))
-    stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
 
     def save(s: int) -> None:
@@ -182,7 +181,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
         hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
-               "save": save, "should_stop": stop.agreed})
+               "save": save})
     d = m.distill
     log.info("distilling into %s (%d layers, hidden %d) | TP %d DP %d (teacher: the same layout) | %d micro-batch(es) "
              "of %d per step | student %s | loss = %g x MLM + %g x KL(T=%g%s, %s positions) + %g x cosine%s | from "
@@ -192,6 +191,8 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
              d.alpha_cos, " (through a projection)" if hasattr(model, PROJECTION) else "", step, t.max_steps)
     t0 = time.perf_counter()
     runlog.start(step)
+    stop = StopRequest()  # the stop handlers only while the steps run: restored below, whatever happens
+    state.hooks["should_stop"] = stop.agreed
     try:
         status = train(state)
         if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:

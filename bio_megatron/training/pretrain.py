@@ -208,7 +208,6 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                        m.global_batch_size * _flops_per_sequence(m, padded),
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
                        trackers=open_trackers(cfg, run_dir, is_writer, to_dict(cfg)))  # W&B / MLflow, as NeMo's
-    stop = StopRequest()
     every = e.checkpoint_callback_params.every_n_train_steps
 
     def save(s: int) -> None:
@@ -236,7 +235,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
-               "save": save, "should_stop": stop.agreed})
+               "save": save})
     log.info("pretraining %s: %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
              "per step | compute dtype %s | from step %d to %d", _shape_name(m), shape.num_layers,
              shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
@@ -254,6 +253,8 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
             "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype)})
     t0 = time.perf_counter()
     runlog.start(step)
+    stop = StopRequest()  # the stop handlers only while the steps run: restored below, whatever happens
+    state.hooks["should_stop"] = stop.agreed
     try:
         status = train(state)
         if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
