@@ -14,7 +14,6 @@ teacher); loaders of the family ask for their own keys and ignore it.
 
 from __future__ import annotations
 
-import time
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -35,11 +34,10 @@ from bio_megatron.training import checkpoint_dir as ckpt_dir
 from bio_megatron.training import distill_loss, memory
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
-from bio_megatron.training.loop import LoopState, StepResult, guarded_save, train
+from bio_megatron.training.loop import LoopState, StepResult
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
 from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import continued_from, diverged, to_device, wrap_for_training
-from bio_megatron.training.signals import Interrupted, StopRequest
+from bio_megatron.training.pretrain import continued_from, run_steps, to_device, wrap_for_training
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
@@ -189,26 +187,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
              ps.get_data_parallel_world_size(), data.num_microbatches, m.micro_batch_size, describe_precision(dtype),
              d.alpha_mlm, d.alpha_kl, d.temperature, ", x T^2" if d.kl_t2_scaling else "", d.kl_positions,
              d.alpha_cos, " (through a projection)" if hasattr(model, PROJECTION) else "", step, t.max_steps)
-    t0 = time.perf_counter()
-    runlog.start(step)
-    stop = StopRequest()  # the stop handlers only while the steps run: restored below, whatever happens
-    state.hooks["should_stop"] = stop.agreed
-    try:
-        status = train(state)
-        if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
-            guarded_save(state, save, "final")
-        if status == "diverged":
-            raise diverged(run_dir, ckpt_root, state)
-        ckpt_dir.write_status(run_dir, status, state.step)
-        if status == "interrupted" and stop.keyboard:
-            raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted); run the same "
-                              "command to resume")
-    finally:
-        runlog.close()
-        stop.restore()
-        ckpt.shutdown_writer()
-    log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
-    return status
+    return run_steps(state, save, runlog, run_dir, ckpt_root, e.checkpoint_callback_params.save_last)
 
 
 def _warn_changed_distillation(resume: Path, cfg: DistillConfig) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import torch
 from megatron.core import parallel_state as ps
@@ -140,6 +141,36 @@ def diverged(run_dir: Path, ckpt_root: Path, state: LoopState) -> NonFiniteError
                           f"({kept}) stays {latest}")
 
 
+def run_steps(state: LoopState, save: Callable[[int], object], runlog: RunLogger, run_dir: Path, ckpt_root: Path,
+              save_last: bool) -> str:
+    """The steps of a checkpointed run (pretraining, distillation) from ``state.step`` to their end; returns the
+    loop's status, written to ``status.json``. The stop signals (SIGTERM, SIGUSR1, Ctrl-C) are taken over only while
+    the steps run, and restored whatever happens; a finished run saves its last checkpoint (``save_last``), a
+    diverged one raises NonFiniteError, a Ctrl-C Interrupted (exit 130) once the checkpoint is saved."""
+    start, t0 = state.step, time.perf_counter()
+    runlog.start(start)
+    stop = StopRequest()
+    state.hooks["should_stop"] = stop.agreed
+    try:
+        status = train(state)
+        if status == "finished" and save_last and state.step > start:
+            guarded_save(state, save, "final")  # (a run resumed at max_steps has its final checkpoint already)
+        if status == "diverged":
+            raise diverged(run_dir, ckpt_root, state)
+        ckpt_dir.write_status(run_dir, status, state.step)
+        if status == "interrupted" and stop.keyboard:
+            latest = ckpt_root / "latest"
+            kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none"
+            raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted; {latest}: "
+                              f"{kept}); run the same command to resume")
+    finally:
+        runlog.close()
+        stop.restore()
+        ckpt.shutdown_writer()
+    log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
+    return status
+
+
 def _shape_name(m: ModelConfig) -> str:
     """``345m (confirmed)``, or for a shape overridden key by key the row it equals: ``base shape (model.size 345m with
     overrides)``."""
@@ -251,25 +282,4 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
             "max_steps": t.max_steps, "start_step": step, "world_size": world.world_size,
             "data_parallel_size": ps.get_data_parallel_world_size(), "vocab_size": tokenizer.vocab_size,
             "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype)})
-    t0 = time.perf_counter()
-    runlog.start(step)
-    stop = StopRequest()  # the stop handlers only while the steps run: restored below, whatever happens
-    state.hooks["should_stop"] = stop.agreed
-    try:
-        status = train(state)
-        if status == "finished" and e.checkpoint_callback_params.save_last and state.step > step:
-            guarded_save(state, save, "final")  # (a run resumed at max_steps has its final checkpoint already)
-        if status == "diverged":
-            raise diverged(run_dir, ckpt_root, state)
-        ckpt_dir.write_status(run_dir, status, state.step)
-        if status == "interrupted" and stop.keyboard:
-            latest = ckpt_root / "latest"
-            kept = f"iteration {latest.read_text().strip()}" if latest.is_file() else "none"
-            raise Interrupted(f"interrupted by Ctrl-C at step {state.step} (status.json: interrupted; {latest}: "
-                              f"{kept}); run the same command to resume")
-    finally:
-        runlog.close()
-        stop.restore()
-        ckpt.shutdown_writer()
-    log.info("%s at step %d in %.1f s; run directory %s", status, state.step, time.perf_counter() - t0, run_dir)
-    return status
+    return run_steps(state, save, runlog, run_dir, ckpt_root, e.checkpoint_callback_params.save_last)
