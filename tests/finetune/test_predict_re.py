@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from harness import cli_forked
 
-from bio_megatron.config.finetune import ReDatasetConfig
+from bio_megatron.config.finetune_data import ReDatasetConfig
 from bio_megatron.predict.re import detect_format, read_examples
 from bio_megatron.utils.errors import DataError
 
