@@ -26,27 +26,26 @@ How the properties the pipeline promises are obtained:
 * **Never an empty success**: when no input record is usable (wrong schema, e.g. Megatron-LM
   ``{"text": ...}`` lines without ``json_keys``), it fails naming the first bad ``file:line``s and
   leaves no ``.bin/.idx``.
-* **Fast**: sentences are batch-encoded by the Rust ``tokenizers`` WordPiece, one batch per shard.
+* **Fast**: sentences are batch-encoded by the Rust ``tokenizers`` WordPiece, one batch per shard
+  (``corpus/shard_worker.py``, in a pool of ``workers`` processes or in this one).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
-from itertools import chain
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from bio_megatron.corpus import record, shards
-from bio_megatron.corpus.indexed import IndexedWriter, index_bytes
-from bio_megatron.corpus.fast_encode import encoder_name, fast_encoder
-from bio_megatron.corpus.schema import ReadStats, parse_record, parse_text_record
-from bio_megatron.corpus.sentences import split_sentences, warm_up
+from bio_megatron.corpus import record, shard_worker, shards
+from bio_megatron.corpus.fast_encode import encoder_name
+from bio_megatron.corpus.indexed import IndexedWriter
+from bio_megatron.corpus.sentences import warm_up
 from bio_megatron.corpus.xmlio import Progress
 from bio_megatron.utils.errors import DataError
 from bio_megatron.utils.input_files import check_input_file, os_error
@@ -57,12 +56,6 @@ from bio_megatron.vocab.sentencepiece import spiece_file
 from bio_megatron.vocab.wordpiece import WordPieceTokenizer
 
 log = get_logger(__name__)
-_TOKENIZER: WordPieceTokenizer | None = None
-# What encodes a shard's sentences: the tokenizer, or flash-tokenizer in front of it (``corpus/fast_encode.py``).
-_ENCODER = None
-# Megatron-LM mode: the JSON keys whose text makes a document (None: our ``sentences`` schema). A
-# worker global like the tokenizer, so ``_tokenize_shard``'s signature stays (index, lines, prefix).
-_JSON_KEYS: tuple[str, ...] | None = None
 # 3: shard records carry sizes and a sha256 (2: without; 1: np.savez indices), so older shards are not reused.
 _MANIFEST_VERSION = 3
 # Default for --max-unk-rate. A WordPiece vocabulary falls back to sub-words and single characters, so [UNK]
@@ -70,90 +63,6 @@ _MANIFEST_VERSION = 3
 # 5 % is 50x that, and far below what a wrong vocabulary gives (an uncased-only or another script's: 20-100 %).
 MAX_UNK_RATE = 0.05
 _UNK_CHECK_FROM = 10_000  # tokens seen before the rate is trusted mid-run (the final check always runs)
-
-
-def _init_worker(vocab: str, lowercase: bool | None, json_keys: tuple[str, ...] | None = None,
-                 encoder: str = "auto") -> None:
-    global _TOKENIZER, _JSON_KEYS, _ENCODER
-    _JSON_KEYS = json_keys
-    # One process = one core: stop the Rust tokenizer from also spawning its own thread pool.
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _TOKENIZER = load_tokenizer(vocab, lowercase=lowercase)
-    _TOKENIZER.warn_unknown_rate = None  # the run stops on its own --max-unk-rate instead (per shard: no spam)
-    _ENCODER = fast_encoder(_TOKENIZER, encoder)
-
-
-def _iter_shards(paths: list[Path], shard_lines: int) -> Iterator[list[tuple[str, int, bytes]]]:
-    """Consecutive groups of ``shard_lines`` non-blank input lines, each tagged with file and line."""
-    shard: list[tuple[str, int, bytes]] = []
-    for path in paths:
-        check_input_file(path)
-        with open(path, "rb") as fh:
-            for lineno, raw in enumerate(fh, 1):
-                if raw.strip():
-                    shard.append((str(path), lineno, raw))
-                    if len(shard) == shard_lines:
-                        yield shard
-                        shard = []
-    if shard:
-        yield shard
-
-
-def _tokenize_shard(index: int, lines: list[tuple[str, int, bytes]], shard_prefix: str) -> dict[str, Any]:
-    """Worker: decode, validate and tokenize one shard, write it as a small indexed dataset, return counts."""
-    assert _TOKENIZER is not None and _ENCODER is not None
-    t0 = time.perf_counter()
-    stats = ReadStats()
-    sents: list[str] = []
-    doc_sizes: list[int] = []  # sentences per usable record
-    for path, lineno, raw in lines:
-        if _JSON_KEYS is None:
-            obj, why = parse_record(raw)
-            doc = obj["sentences"] if why is None else []
-        else:
-            # Several keys (title, text): one document, their sentences in the order the keys were given.
-            texts, why = parse_text_record(raw, _JSON_KEYS)
-            doc = [x for t in (texts or []) for x in split_sentences(t)]
-        if why is not None:
-            stats.skip(f"{path}:{lineno}", why)
-            continue
-        n = len(sents)
-        sents.extend(s for s in doc if s.strip())
-        doc_sizes.append(len(sents) - n)
-    t1 = time.perf_counter()
-    ids = _ENCODER.tokenize_batch(sents) if sents else []
-    t2 = time.perf_counter()
-    # Whole-shard numpy instead of per-document lists: the tokens are all ids back to back (an empty
-    # sentence has none); only the index needs the document structure.
-    lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-    tokens = np.fromiter(chain.from_iterable(ids), np.int32, int(lengths.sum()))
-    keep = lengths > 0  # whitespace-only sentence -> no item
-    doc_of = np.repeat(np.arange(len(doc_sizes)), doc_sizes)
-    kept = np.bincount(doc_of[keep], minlength=len(doc_sizes))
-    kept = kept[kept > 0]  # megatron's samplers assume every document has at least one sentence
-    doc_index = np.concatenate([[0], np.cumsum(kept)])
-    tmp = f".tmp-{os.getpid()}"  # unique per writer, so two writers can never share a half-written file
-    with open(shard_prefix + ".bin" + tmp, "wb") as fh:
-        fh.write(tokens.tobytes())
-    with open(shard_prefix + ".idx" + tmp, "wb") as fh:
-        fh.write(index_bytes(lengths[keep], doc_index))
-    for ext in (".bin", ".idx"):
-        os.replace(shard_prefix + ext + tmp, shard_prefix + ext)
-    t3 = time.perf_counter()
-    unk_at = np.flatnonzero(tokens == _TOKENIZER.unk)
-    # A few sentences holding [UNK], for the message when the rate is too high.
-    unk_sents = np.unique(np.searchsorted(np.cumsum(lengths), unk_at[:200], side="right"))[:3]
-    result = {"shard": index, "lines": len(lines), "documents": len(kept), "sentences": int(keep.sum()),
-              "tokens": len(tokens), "unknown_tokens": len(unk_at),
-              "unknown_samples": [sents[int(i)][:120] for i in unk_sents],
-              **shards.checksum(shard_prefix),
-              "skipped_records": stats.skipped, "empty_documents": len(doc_sizes) - len(kept),
-              "problems": stats.problems,
-              "stage_seconds": {"parse": t1 - t0, "encode": t2 - t1, "write": t3 - t2}}
-    with open(shard_prefix + ".json" + tmp, "w") as fh:
-        json.dump(result, fh)
-    os.replace(shard_prefix + ".json" + tmp, shard_prefix + ".json")  # the shard's commit point
-    return result
 
 
 def _manifest(paths: list[Path], vocab: Path, lowercase: bool | None, shard_lines: int,
@@ -235,66 +144,36 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
                      keys: tuple[str, ...] | None, encoder: str = "auto", overwrite: bool = False,
                      max_unk_rate: float = MAX_UNK_RATE) -> dict[str, Any]:
     work = Path(f"{prefix}.shards")
-    manifest = _manifest(paths, vocab, tokenizer.lowercase, shard_lines, keys)
-    shards.prepare(work, manifest, resume, overwrite)
+    shards.prepare(work, _manifest(paths, vocab, tokenizer.lowercase, shard_lines, keys), resume, overwrite)
     check_unk = _unk_checker(tokenizer, vocab, max_unk_rate)
-
-    results: dict[int, dict[str, Any]] = {}
-    reused = 0
-    reused_ids: set[int] = set()
-    progress = Progress("tokenize shards", total_bytes=sum(p.stat().st_size for p in paths if p.is_file()))
+    done = _Finished(check_unk, Progress("tokenize shards",
+                                         total_bytes=sum(p.stat().st_size for p in paths if p.is_file())))
+    stages = {"read": 0.0, "parse": 0.0, "encode": 0.0, "write": 0.0}
     if keys is not None:
         warm_up()  # load NLTK once; forked workers inherit it
     if workers > 1:
-        pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker,
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=shard_worker.init_worker,
                                    initargs=(str(vocab), tokenizer.lowercase, keys, encoder))
     else:
         pool = None
-        _init_worker_in_process(tokenizer, keys, encoder)
-    pending: dict[int, Future] = {}
-    shard_bytes: dict[int, int] = {}
-    stages = {"read": 0.0, "parse": 0.0, "encode": 0.0, "write": 0.0}
-
-    def collect(block: bool) -> None:
-        for k in sorted(pending):
-            if block or pending[k].done():
-                r = pending.pop(k).result()
-                results[k] = r
-                check_unk(results, final=False)
-                progress.update(1, tokens=r["tokens"], nbytes=shard_bytes.pop(k), docs=r["documents"])
-
     try:
-        for k, lines in enumerate(_timed(_iter_shards(paths, shard_lines), stages)):
-            shard_bytes[k] = sum(len(raw) for _, _, raw in lines)
-            shard_prefix = str(work / f"shard-{k:06d}")
-            if resume:
-                rec, why = shards.load_verified(shard_prefix)
-                if rec is not None:
-                    results[k] = rec
-                    reused += 1
-                    reused_ids.add(k)
-                    progress.update(1, nbytes=shard_bytes.pop(k))
+        with nullcontext() if pool else shard_worker.in_this_process(tokenizer, keys, encoder):
+            for k, lines in enumerate(_timed(shard_worker.iter_shards(paths, shard_lines), stages)):
+                nbytes = sum(len(raw) for _, _, raw in lines)
+                shard_prefix = str(work / f"shard-{k:06d}")
+                if resume and done.reused(k, shard_prefix, nbytes):
                     continue
-                if why is not None:
-                    log.warning("redoing shard %d of %s: %s", k, work, why)
-            if pool is None:
-                results[k] = _tokenize_shard(k, lines, shard_prefix)
-                check_unk(results, final=False)
-                progress.update(1, tokens=results[k]["tokens"], nbytes=shard_bytes.pop(k),
-                                docs=results[k]["documents"])
-                continue
-            pending[k] = pool.submit(_tokenize_shard, k, lines, shard_prefix)
-            while len(pending) >= 2 * workers:  # bounded in-flight work keeps memory flat
-                next(iter(pending.values())).result()
-                collect(block=False)
-        collect(block=True)
+                if pool is None:
+                    done.add(k, shard_worker.tokenize_shard(k, lines, shard_prefix), nbytes)
+                    continue
+                done.pending[k] = (pool.submit(shard_worker.tokenize_shard, k, lines, shard_prefix), nbytes)
+                while len(done.pending) >= 2 * workers:  # bounded in-flight work keeps memory flat
+                    done.collect(oldest=True)
+            done.collect(every=True)
     finally:
         if pool is not None:
             pool.shutdown(cancel_futures=True)
-        else:
-            os.environ.pop("TOKENIZERS_PARALLELISM", None) if _PREV_PAR[0] is None else \
-                os.environ.__setitem__("TOKENIZERS_PARALLELISM", _PREV_PAR[0])
-    tokenize_s = progress.elapsed
+    results, tokenize_s = done.results, done.progress.elapsed
 
     if not any(r["documents"] for r in results.values()):
         # Shards of nothing are no progress worth resuming; an empty .bin must never look like a dataset.
@@ -307,34 +186,78 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
     record.check_output_owned(prefix, overwrite)  # again: the files may have appeared while we worked
     _write_output(prefix, work, len(results))
     stages["write"] += time.perf_counter() - t0
-
-    tot = {key: sum(r[key] for r in results.values()) for key in
-           ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
-    elapsed = progress.elapsed
     for k in sorted(results):  # reused shards keep the timings of the run that made them: leave them out
-        if "stage_seconds" in results[k] and k not in reused_ids:
+        if "stage_seconds" in results[k] and k not in done.reused_ids:
             for name, sec in results[k]["stage_seconds"].items():
                 stages[name] += sec
-    summary = {**tot, "shards": len(results), "shards_reused": reused, "workers": workers,
-               "lowercase": tokenizer.lowercase, "vocab": str(vocab), "vocab_size": tokenizer.vocab_size,
-               "json_keys": list(keys) if keys else None,
-               "encoder": encoder_name(tokenizer, encoder),
-               "unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
-               "problems": [p for k in sorted(results) for p in results[k]["problems"]][:20],
-               "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
-               "tokens_per_s": round(tot["tokens"] / max(tokenize_s, 1e-9)),
-               "docs_per_s": round(tot["documents"] / max(tokenize_s, 1e-9), 1),
-               "output_prefix": str(prefix),
-               # read and the final write run in this process; parse, encode and shard writes are
-               # summed over the workers (worker-seconds, > wall time when workers overlap).
-               "stage_seconds": {name: round(sec, 3) for name, sec in stages.items()}}
+
+    summary = {**_totals(results), "shards": len(results), "shards_reused": len(done.reused_ids),
+               "workers": workers, "lowercase": tokenizer.lowercase, "vocab": str(vocab),
+               "vocab_size": tokenizer.vocab_size, "json_keys": list(keys) if keys else None,
+               "encoder": encoder_name(tokenizer, encoder)}
+    summary.update(_rates(summary, done.progress.elapsed, tokenize_s, stages),
+                   problems=[p for k in sorted(results) for p in results[k]["problems"]][:20],
+                   output_prefix=str(prefix))
     log.info("tokenized %d documents, %d sentences, %d tokens (unk %.4f%%, %d bad records skipped) "
-             "in %.1fs: %s tokens/s", tot["documents"], tot["sentences"], tot["tokens"],
-             100 * summary["unknown_rate"], tot["skipped_records"], elapsed, f"{summary['tokens_per_s']:,}")
+             "in %.1fs: %s tokens/s", summary["documents"], summary["sentences"], summary["tokens"],
+             100 * summary["unknown_rate"], summary["skipped_records"], summary["seconds"],
+             f"{summary['tokens_per_s']:,}")
     record.write_record(prefix, record.vocab_fingerprint(vocab), tokenizer.lowercase, summary)
     if not keep_shards:  # only now: until the record is written, a rerun must still find the shards
         shards.remove_ours(work)
     return summary
+
+
+class _Finished:
+    """The shards finished so far, in this run or reused from an earlier one, with the progress line and the
+    ``[UNK]`` check updated as each one lands; ``pending`` holds the pool's (future, input bytes) by shard."""
+
+    def __init__(self, check_unk: Callable[[dict[int, dict[str, Any]], bool], None], progress: Progress):
+        self.check_unk, self.progress = check_unk, progress
+        self.results: dict[int, dict[str, Any]] = {}
+        self.reused_ids: set[int] = set()
+        self.pending: dict[int, tuple[Future, int]] = {}
+
+    def reused(self, k: int, shard_prefix: str, nbytes: int) -> bool:
+        """Take shard ``k`` from disk when an earlier run finished it and it verifies."""
+        rec, why = shards.load_verified(shard_prefix)
+        if rec is None:
+            if why is not None:
+                log.warning("redoing shard %d of %s: %s", k, Path(shard_prefix).parent, why)
+            return False
+        self.results[k] = rec
+        self.reused_ids.add(k)
+        self.progress.update(1, nbytes=nbytes)
+        return True
+
+    def add(self, k: int, result: dict[str, Any], nbytes: int) -> None:
+        self.results[k] = result
+        self.check_unk(self.results, False)
+        self.progress.update(1, tokens=result["tokens"], nbytes=nbytes, docs=result["documents"])
+
+    def collect(self, oldest: bool = False, every: bool = False) -> None:
+        """Take the pool's finished shards in order: after waiting for the oldest, or for all with ``every``."""
+        if oldest:
+            next(iter(self.pending.values()))[0].result()
+        for k in sorted(self.pending):
+            if every or self.pending[k][0].done():
+                future, nbytes = self.pending.pop(k)
+                self.add(k, future.result(), nbytes)
+
+
+def _totals(results: dict[int, dict[str, Any]]) -> dict[str, int]:
+    return {key: sum(r[key] for r in results.values()) for key in
+            ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
+
+
+def _rates(tot: dict[str, Any], elapsed: float, tokenize_s: float, stages: dict[str, float]) -> dict[str, Any]:
+    return {"unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
+            "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
+            "tokens_per_s": round(tot["tokens"] / max(tokenize_s, 1e-9)),
+            "docs_per_s": round(tot["documents"] / max(tokenize_s, 1e-9), 1),
+            # read and the final write run in this process; parse, encode and shard writes are
+            # summed over the workers (worker-seconds, > wall time when workers overlap).
+            "stage_seconds": {name: round(sec, 3) for name, sec in stages.items()}}
 
 
 def _unk_checker(tokenizer: Any, vocab: Path, max_rate: float):
@@ -380,9 +303,6 @@ def _write_output(prefix: Path, work: Path, n_shards: int) -> None:
             Path(f"{tmp}{ext}").unlink(missing_ok=True)
 
 
-_PREV_PAR: list[str | None] = [None]
-
-
 def _timed(it: Iterator[Any], stages: dict[str, float]) -> Iterator[Any]:
     """``it``, adding the time spent producing each item to ``stages["read"]``."""
     while True:
@@ -394,15 +314,3 @@ def _timed(it: Iterator[Any], stages: dict[str, float]) -> Iterator[Any]:
         finally:
             stages["read"] += time.perf_counter() - t0
         yield item
-
-
-def _init_worker_in_process(tokenizer: WordPieceTokenizer, json_keys: tuple[str, ...] | None = None,
-                            encoder: str = "auto") -> None:
-    """workers=1: tokenize in this process, single-threaded, so 1 vs N workers is a fair comparison."""
-    global _TOKENIZER, _JSON_KEYS, _ENCODER
-    _JSON_KEYS = json_keys
-    _PREV_PAR[0] = os.environ.get("TOKENIZERS_PARALLELISM")
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _TOKENIZER = tokenizer
-    tokenizer.warn_unknown_rate = None  # the run stops on its own --max-unk-rate instead (per shard: no spam)
-    _ENCODER = fast_encoder(tokenizer, encoder)

@@ -10,7 +10,7 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from transformers import BertTokenizer
 
-import bio_megatron.corpus.tokenize as tokmod
+from bio_megatron.corpus import shard_worker
 from bio_megatron.corpus.tokenize import tokenize_corpus
 from bio_megatron.utils.errors import DataError
 from bio_megatron.vocab.train import train_vocab
@@ -80,7 +80,7 @@ def test_worker_count_does_not_change_a_byte(tmp_path, corpus):
 def test_interrupted_run_resumes_finished_shards(tmp_path, corpus, monkeypatch):
     vocab = VOCABS / "bert_base_cased_vocab.txt"
     tokenize_corpus(corpus, vocab, tmp_path / "ref", shard_lines=20)
-    real = tokmod._tokenize_shard
+    real = shard_worker.tokenize_shard
     calls: list[int] = []
 
     def dies_at_shard_3(index, lines, prefix):
@@ -89,12 +89,12 @@ def test_interrupted_run_resumes_finished_shards(tmp_path, corpus, monkeypatch):
             raise KeyboardInterrupt  # the user pressed Ctrl-C / the job was preempted
         return real(index, lines, prefix)
 
-    monkeypatch.setattr(tokmod, "_tokenize_shard", dies_at_shard_3)
+    monkeypatch.setattr(shard_worker, "tokenize_shard", dies_at_shard_3)
     with pytest.raises(KeyboardInterrupt):
         tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20)
     assert not (tmp_path / "run.bin").exists() and not (tmp_path / "run.idx").exists()
     calls.clear()
-    monkeypatch.setattr(tokmod, "_tokenize_shard", real)
+    monkeypatch.setattr(shard_worker, "tokenize_shard", real)
     s = tokenize_corpus(corpus, vocab, tmp_path / "run", shard_lines=20)
     assert s["shards_reused"] == 3 and s["shards"] > 3
     for ext in (".bin", ".idx"):
