@@ -12,6 +12,7 @@ import socket
 import time
 from pathlib import Path
 
+from bio_megatron.utils.io import OUTPUT_MARKER
 from harness import run_world, start_world
 from engine.pretrain_runs import TINY, overrides, pretrain_rank
 from finetune.ft_runs import RECIPES
@@ -41,7 +42,9 @@ def test_second_pretraining_into_a_live_run_dir_exits_2(pubmed_prefix, tmp_path)
     first = start_world(2, pretrain_rank, overrides(pubmed_prefix, tmp_path, "shared", tp=2, steps=steps, every=10,
                                                     save_last=True))
     try:
-        _wait_for(run / "run.lock", first)
+        # The marker, not run.lock: the lock exists before the holder has checked and claimed the folder, and a
+        # file put there in between is (rightly) refused as a folder that is not a run of ours.
+        _wait_for(run / OUTPUT_MARKER, first)
         # A user's file put into the live run's folder: kept (a folder of the user's own is refused as a run
         # folder altogether: test_run_dirs.py).
         (run / USER_FILE).write_text("the user's own file\n")
