@@ -5,6 +5,9 @@ SHELL := /bin/bash
 VENV  := .venv
 PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pytest-xdist workers for `make test`: two, the cores CI has (in one process the suite keeps 2 cores 57 % busy:
+# it waits on forked gloo worlds, subprocesses and the SLURM daemons); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-extended venv clean-venv gpu-pack
 
@@ -40,7 +43,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@if [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then bash tests/system_deps.sh; fi
-	$(PY) -m pytest -q --durations=25 -m "not extended" tests
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not extended" tests
 
 # Real-data runs of minutes each (BLURB learning checks, every ../shared text through the fast tokenizer).
 test-extended: $(STAMP)

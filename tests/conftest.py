@@ -56,3 +56,22 @@ def _pytest_process_joins_no_process_group():
         teardown()
         pytest.fail("this test set up torch.distributed in the pytest process itself; forked worlds started later "
                     "would inherit that state (run such code in harness.run_world(1, ...) or a subprocess)")
+
+
+# --- Units of work under pytest-xdist ---------------------------------------------------------------------------
+# `make test` runs two workers (`-n 2 --dist loadgroup --no-loadscope-reorder`): units are handed out in this
+# order, each to the next free worker. A test file is one unit, so its module fixtures are built once; the files
+# that share the local SLURM cluster are one unit, so it starts once, and it goes first: it is the longest (two
+# minutes and more), and started late it would leave the other worker idle at the end.
+SLURM_GROUP = "slurm_cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into the units
+def pytest_collection_modifyitems(config, items) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker: a plain run keeps pytest's order
+        return
+    root = Path(str(config.rootpath))
+    for item in items:
+        group = SLURM_GROUP if SLURM_GROUP in item.fixturenames else str(item.path.relative_to(root))
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: SLURM_GROUP not in item.fixturenames)  # stable: the rest keep their order

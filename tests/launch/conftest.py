@@ -194,8 +194,17 @@ def podman_env() -> dict[str, str]:
 # Making the base on a fresh machine takes minutes of mostly network (debootstrap) and disk (podman import)
 # time; the project image then builds in seconds. Both start as soon as collection ends, at low CPU and I/O
 # priority, while the rest of the suite runs, and the image tests run last; the `image` fixture waits for them.
-_BUILD: dict[str, object] = {}
+# One build per test run: under pytest-xdist (`make test`) every worker collects the image tests, but only the
+# worker that creates the run's build log starts it (two builds would hard-link and archive the same files at
+# once); the worker that runs the image tests waits for the build's exit-code file and removes both files.
 IMAGE_TESTS = "test_image.py"
+BUILD_COMMAND = f"({IMAGE_BASE_COMMAND}) && ({IMAGE_BUILD_COMMAND})"
+_BUILD: dict[str, subprocess.Popen] = {}
+
+
+def _build_files() -> tuple[Path, Path]:
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    return Path(f"/tmp/bm-image-build-{run}.log"), Path(f"/tmp/bm-image-build-{run}.rc")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -209,34 +218,49 @@ def pytest_collection_finish(session) -> None:
         return
     if not any(i.path.name == IMAGE_TESTS for i in session.items):
         return
-    log = Path(tempfile.mkstemp(prefix="bm-image-build-", suffix=".log", dir="/tmp")[1])
-    command = f"({IMAGE_BASE_COMMAND}) && ({IMAGE_BUILD_COMMAND})"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(["nice", "-n", "10", "ionice", "-c", "2", "-n", "7", "bash", "-c", command], cwd=REPO,
-                                env={**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}, stdout=fh,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    _BUILD.update(proc=proc, log=log, command=command)
+    log, rc = _build_files()
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        return  # another worker of this run started it
+    with os.fdopen(fd, "w") as fh:
+        _BUILD["proc"] = subprocess.Popen(["nice", "-n", "10", "ionice", "-c", "2", "-n", "7", "bash", "-c",
+                                           f"{BUILD_COMMAND}; echo $? >{rc}.tmp && mv {rc}.tmp {rc}"], cwd=REPO,
+                                          env={**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}, stdout=fh,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     proc = _BUILD.get("proc")
-    if isinstance(proc, subprocess.Popen) and proc.poll() is None:  # the session ended before the image tests
+    if proc is None:
+        return
+    stopped = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldstop or session.shouldfail
+    if proc.poll() is None and os.environ.get("PYTEST_XDIST_WORKER") and not stopped:
+        proc.wait(timeout=1800)  # another worker may be about to run the image tests on it
+    if proc.poll() is None:  # the session ended before the image tests
         os.killpg(proc.pid, 15)
         proc.wait(timeout=60)
-    log = _BUILD.get("log")
-    if isinstance(log, Path):
-        log.unlink(missing_ok=True)
+    if stopped or not os.environ.get("PYTEST_XDIST_WORKER"):
+        for path in _build_files():
+            path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
 def image(podman_env: dict[str, str]) -> str:
     # The base is kept between runs (labelled with a hash of what it is made of, rebuilt when that
     # changes: ~2 min); the project image is rebuilt every time (seconds) and removed afterwards.
-    proc = _BUILD.get("proc")
-    if isinstance(proc, subprocess.Popen):
-        rc = proc.wait(timeout=1800)
-        log = Path(str(_BUILD["log"])).read_text()
-        assert rc == 0, f"{_BUILD['command']!r} failed ({rc}):\n{log[-8000:]}"
+    log, rc_file = _build_files()
+    if log.exists():
+        deadline = time.time() + 1800
+        while not rc_file.exists():
+            assert time.time() < deadline, f"the image build ({log}) did not finish in 30 min"
+            own = _BUILD.get("proc")
+            assert own is None or own.poll() is None or rc_file.exists(), f"the image build died:\n{log.read_text()}"
+            time.sleep(1)
+        rc, text = int(rc_file.read_text()), log.read_text()
+        rc_file.unlink()
+        log.unlink()
+        assert rc == 0, f"{BUILD_COMMAND!r} failed ({rc}):\n{text[-8000:]}"
     else:
         run_command(IMAGE_BASE_COMMAND, podman_env, timeout=1200)
         run_command(IMAGE_BUILD_COMMAND, podman_env, timeout=600)
