@@ -3,6 +3,7 @@ starts in well under a second instead of paying the ~6 s import per process."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import warnings
 from pathlib import Path
@@ -11,6 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 warnings.filterwarnings("ignore", module=r"megatron(\..*)?")
+# megatron-core's import looks for CUDA through torch.utils.cpp_extension, which logs a warning where there is none;
+# uncaptured in pytest-xdist's controller, it would be the last line of `make test` (the CLI mutes it the same way)
+logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
 
 import torch  # noqa: E402,F401
 import megatron.core  # noqa: E402,F401  (import cost paid once, before any fork)
