@@ -43,7 +43,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@if [ "$${CI:-}" = "true" ] && [ "$$(id -u)" = 0 ]; then bash tests/system_deps.sh; fi
-	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not extended" tests
+	$(PY) -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder -m "not extended" tests
 
 # Real-data runs of minutes each (BLURB learning checks, every ../shared text through the fast tokenizer).
 test-extended: $(STAMP)

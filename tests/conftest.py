@@ -63,19 +63,37 @@ def _pytest_process_joins_no_process_group():
 
 
 # --- Units of work under pytest-xdist ---------------------------------------------------------------------------
-# `make test` runs two workers (`-n 2 --dist loadgroup --no-loadscope-reorder`): units are handed out in this
-# order, each to the next free worker. A test file is one unit, so its module fixtures are built once; the files
-# that share the local SLURM cluster are one unit, so it starts once, and it goes first: it is the longest (two
-# minutes and more), and started late it would leave the other worker idle at the end.
-SLURM_GROUP = "slurm_cluster"
+# `make test` runs two workers; a unit of work goes whole to the next free worker, in collection order. A test file
+# is one unit, so its module fixtures are built once. The files whose tests use the local SLURM cluster (directly
+# or through the reference run it hosts) are one unit, so it starts once; that unit goes first: it is the longest
+# (minutes), and started late it would leave the other worker idle at the end. The scheduler is ours because
+# xdist 3.8's own grouping (`--dist loadgroup`) renames node ids through an attribute pytest 9.2 no longer reads,
+# so it silently groups nothing.
+SLURM_FIXTURE = "slurm_cluster"
+CLUSTER_FILES = ("tests/launch/test_benchmark_slurm.py", "tests/launch/test_launch_slurm.py",
+                 "tests/launch/test_image.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into the units
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return SLURM_FIXTURE if path in CLUSTER_FILES else path
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called in its controller
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return FileUnits(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    if not hasattr(config, "workerinput"):  # not an xdist worker: a plain run keeps pytest's order
-        return
-    root = Path(str(config.rootpath))
-    for item in items:
-        group = SLURM_GROUP if SLURM_GROUP in item.fixturenames else str(item.path.relative_to(root))
-        item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: SLURM_GROUP not in item.fixturenames)  # stable: the rest keep their order
+    users = {i.nodeid.split("::", 1)[0] for i in items if SLURM_FIXTURE in getattr(i, "fixturenames", ())}
+    strays = sorted(users - set(CLUSTER_FILES))
+    if strays:  # in another unit, a second cluster would start beside the first
+        raise pytest.UsageError(f"{', '.join(strays)} use(s) the SLURM cluster: add to CLUSTER_FILES in {__file__}")
+    if hasattr(config, "workerinput"):  # an xdist worker; a plain run keeps pytest's order
+        items.sort(key=lambda item: _unit(item.nodeid) != SLURM_FIXTURE)  # stable: the rest keep their order
