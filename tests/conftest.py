@@ -62,38 +62,16 @@ def _pytest_process_joins_no_process_group():
                     "would inherit that state (run such code in harness.run_world(1, ...) or a subprocess)")
 
 
-# --- Units of work under pytest-xdist ---------------------------------------------------------------------------
-# `make test` runs two workers; a unit of work goes whole to the next free worker, in collection order. A test file
-# is one unit, so its module fixtures are built once. The files whose tests use the local SLURM cluster (directly
-# or through the reference run it hosts) are one unit, so it starts once; that unit goes first: it is the longest
-# (minutes), and started late it would leave the other worker idle at the end. The scheduler is ours because
-# xdist 3.8's own grouping (`--dist loadgroup`) renames node ids through an attribute pytest 9.2 no longer reads,
-# so it silently groups nothing.
-SLURM_FIXTURE = "slurm_cluster"
-CLUSTER_FILES = ("tests/launch/test_benchmark_slurm.py", "tests/launch/test_launch_slurm.py",
-                 "tests/launch/test_image.py")
-
-
-def _unit(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return SLURM_FIXTURE if path in CLUSTER_FILES else path
+# --- Units of work under pytest-xdist (tests/xdist_units.py) ---------------------------------------------------
+from xdist_units import check_cluster_files, cluster_first, make_scheduler  # noqa: E402
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist's, called in its controller
 def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadScopeScheduling
-
-    class FileUnits(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return _unit(nodeid)
-
-    return FileUnits(config, log)
+    return make_scheduler(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    users = {i.nodeid.split("::", 1)[0] for i in items if SLURM_FIXTURE in getattr(i, "fixturenames", ())}
-    strays = sorted(users - set(CLUSTER_FILES))
-    if strays:  # in another unit, a second cluster would start beside the first
-        raise pytest.UsageError(f"{', '.join(strays)} use(s) the SLURM cluster: add to CLUSTER_FILES in {__file__}")
+    check_cluster_files(items)
     if hasattr(config, "workerinput"):  # an xdist worker; a plain run keeps pytest's order
-        items.sort(key=lambda item: _unit(item.nodeid) != SLURM_FIXTURE)  # stable: the rest keep their order
+        cluster_first(items)
