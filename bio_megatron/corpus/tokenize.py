@@ -190,14 +190,21 @@ def _tokenize_locked(paths: list[Path], vocab: Path, tokenizer: WordPieceTokeniz
         if "stage_seconds" in results[k] and k not in done.reused_ids:
             for name, sec in results[k]["stage_seconds"].items():
                 stages[name] += sec
-
-    summary = {**_totals(results), "shards": len(results), "shards_reused": len(done.reused_ids),
-               "workers": workers, "lowercase": tokenizer.lowercase, "vocab": str(vocab),
-               "vocab_size": tokenizer.vocab_size, "json_keys": list(keys) if keys else None,
-               "encoder": encoder_name(tokenizer, encoder)}
-    summary.update(_rates(summary, done.progress.elapsed, tokenize_s, stages),
-                   problems=[p for k in sorted(results) for p in results[k]["problems"]][:20],
-                   output_prefix=str(prefix))
+    tot = {key: sum(r[key] for r in results.values()) for key in
+           ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
+    summary = {**tot, "shards": len(results), "shards_reused": len(done.reused_ids), "workers": workers,
+               "lowercase": tokenizer.lowercase, "vocab": str(vocab), "vocab_size": tokenizer.vocab_size,
+               "json_keys": list(keys) if keys else None,
+               "encoder": encoder_name(tokenizer, encoder),
+               "unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
+               "problems": [p for k in sorted(results) for p in results[k]["problems"]][:20],
+               "seconds": round(done.progress.elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
+               "tokens_per_s": round(tot["tokens"] / max(tokenize_s, 1e-9)),
+               "docs_per_s": round(tot["documents"] / max(tokenize_s, 1e-9), 1),
+               "output_prefix": str(prefix),
+               # read and the final write run in this process; parse, encode and shard writes are
+               # summed over the workers (worker-seconds, > wall time when workers overlap).
+               "stage_seconds": {name: round(sec, 3) for name, sec in stages.items()}}
     log.info("tokenized %d documents, %d sentences, %d tokens (unk %.4f%%, %d bad records skipped) "
              "in %.1fs: %s tokens/s", summary["documents"], summary["sentences"], summary["tokens"],
              100 * summary["unknown_rate"], summary["skipped_records"], summary["seconds"],
@@ -243,21 +250,6 @@ class _Finished:
             if every or self.pending[k][0].done():
                 future, nbytes = self.pending.pop(k)
                 self.add(k, future.result(), nbytes)
-
-
-def _totals(results: dict[int, dict[str, Any]]) -> dict[str, int]:
-    return {key: sum(r[key] for r in results.values()) for key in
-            ("documents", "sentences", "tokens", "unknown_tokens", "skipped_records", "empty_documents")}
-
-
-def _rates(tot: dict[str, Any], elapsed: float, tokenize_s: float, stages: dict[str, float]) -> dict[str, Any]:
-    return {"unknown_rate": round(tot["unknown_tokens"] / max(tot["tokens"], 1), 6),
-            "seconds": round(elapsed, 3), "tokenize_seconds": round(tokenize_s, 3),
-            "tokens_per_s": round(tot["tokens"] / max(tokenize_s, 1e-9)),
-            "docs_per_s": round(tot["documents"] / max(tokenize_s, 1e-9), 1),
-            # read and the final write run in this process; parse, encode and shard writes are
-            # summed over the workers (worker-seconds, > wall time when workers overlap).
-            "stage_seconds": {name: round(sec, 3) for name, sec in stages.items()}}
 
 
 def _unk_checker(tokenizer: Any, vocab: Path, max_rate: float):
