@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -200,11 +201,13 @@ def podman_env() -> dict[str, str]:
 IMAGE_TESTS = "test_image.py"
 BUILD_COMMAND = f"({IMAGE_BASE_COMMAND}) && ({IMAGE_BUILD_COMMAND})"
 _BUILD: dict[str, subprocess.Popen] = {}
+# the workers of one xdist run share its id; a plain run gets its own (a PID could be a killed run's, whose
+# files would then be taken for a build in progress)
+_RUN_ID = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
 
 
 def _build_files() -> tuple[Path, Path]:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-    return Path(f"/tmp/bm-image-build-{run}.log"), Path(f"/tmp/bm-image-build-{run}.rc")
+    return Path(f"/tmp/bm-image-build-{_RUN_ID}.log"), Path(f"/tmp/bm-image-build-{_RUN_ID}.rc")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
