@@ -43,7 +43,7 @@ def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_laye
     g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{key}".encode()))
     if "linear_proj.weight" in key or "linear_fc2.weight" in key:
         std = std / math.sqrt(2.0 * num_layers)
-    return torch.randn(shape, generator=g) * std
+    return torch.randn(shape, generator=g).mul_(std)  # in place: one full-size tensor at a time
 
 
 @torch.no_grad()
@@ -52,11 +52,16 @@ def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int,
     """Every parameter its layout-invariant initial value, except those whose global key is in ``skip`` (filled
     from a checkpoint already: each value depends on its own key only, so the others get what they would anyway);
     ``only``: just the keys starting with one of these prefixes (the modules a source lacks)."""
+    pieces: dict[str, list[ShardedTensor]] = {}
     for _, sh in _sharded_tensors(model):
-        if sh.key in skip or (only is not None and not sh.key.startswith(only)):
-            continue
-        full = init_value(sh.key, tuple(sh.global_shape), seed, std, num_layers)
-        sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+        if sh.key not in skip and (only is None or sh.key.startswith(only)):
+            pieces.setdefault(sh.key, []).append(sh)
+    # A layer stack's parameters share one global key of shape [layers, ...], one piece per layer: draw each key
+    # once for all its pieces (drawing it per piece cost num_layers times the draws: 57 s for 345m, minutes for 1.2b).
+    for key, shards in pieces.items():
+        full = init_value(key, tuple(shards[0].global_shape), seed, std, num_layers)
+        for sh in shards:
+            sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
 
 
 def rank_device() -> torch.device:
