@@ -351,3 +351,26 @@ def test_file_level_checks_fail_on_bad_trees(tmp_path, files, cycles, private):
     assert len(found) == len(private), found
     for want in private:
         assert any(want in p for p in found), (want, found)
+
+
+def shadowing(root: Path) -> list[str]:
+    """Modules named like a standard-library module in a folder that holds a script run by path (``if __name__ ==
+    "__main__"``, the package's own ``__main__.py`` aside): the script's folder comes first on ``sys.path``, so the
+    standard library's module is never found. A ``bench/profile.py`` broke ``bench/hf_baseline.py`` that way
+    (``cProfile`` imports ``profile``), found only by the test that runs the script."""
+    import sys
+
+    scripts = {p.parent for p in root.rglob("*.py")
+               if p.name != "__main__.py" and '__name__ == "__main__"' in p.read_text(encoding="utf-8")}
+    return [f"{p.relative_to(root.parent)}: shadows the standard library's {p.stem!r} for the script(s) beside it"
+            for folder in sorted(scripts) for p in sorted(folder.glob("*.py")) if p.stem in sys.stdlib_module_names]
+
+
+def test_no_module_beside_a_script_shadows_the_standard_library(tmp_path):
+    assert not shadowing(ROOT), shadowing(ROOT)
+    (tmp_path / "bio_megatron" / "tools").mkdir(parents=True)
+    (tmp_path / "bio_megatron" / "tools" / "run.py").write_text('if __name__ == "__main__":\n    pass\n')
+    (tmp_path / "bio_megatron" / "tools" / "profile.py").write_text("")
+    (tmp_path / "bio_megatron" / "re.py").write_text("")  # no script beside it: imported as bio_megatron.re only
+    assert shadowing(tmp_path / "bio_megatron") == [
+        "bio_megatron/tools/profile.py: shadows the standard library's 'profile' for the script(s) beside it"]

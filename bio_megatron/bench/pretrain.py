@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from bio_megatron.bench.hf_pretrain import hf_step
 from bio_megatron.bench.hf_process import HFProcess
+from bio_megatron.bench.op_profile import profile_steps
 from bio_megatron.bench.pretrain_common import SEED, optimizer_impl, synthetic_batch
 from bio_megatron.bench.timing import Laps, Step, free_memory, peak_memory_gib, throughput, time_steps
 from bio_megatron.utils.log import get_logger
@@ -89,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's, one per core); on a CPU "
                              "shared with other jobs, 1 thread keeps a step from stalling on a busy core")
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after the timed steps, profile this many more steps of each side run in this process "
+                             "and record its busiest kernels (GPU) or operators (CPU) in --json (default 0: off)")
     parser.add_argument("--json", default=None, help="write the results here (atomically)")
 
 
@@ -182,7 +186,7 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 3)
     problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
                 (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
-                 ("warmup", args.warmup, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
+                 ("warmup", args.warmup, 0), ("profile", args.profile, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
     if args.seq > 512:
         problems.append(f"--seq ({args.seq}) must be <= 512 (max_position_embeddings of Megatron BERT)")
     if problems:
@@ -243,10 +247,15 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         label_ours, label_hf = f"ours ({ours_info['attention']})", f"hf ({args.hf_attention})"
         hf_info = {"attention": args.hf_attention}
         memory: dict[str, float | None] = {}
+        profiles: dict[str, dict] = {}
 
         def side(info: dict, label: str, flops: float) -> dict:  # one side's figures from its timed steps
-            return {**info, **throughput(times[label], args.micro_batch, args.seq, flops, peak, measured,
-                                         memory.get(label))}
+            figures = throughput(times[label], args.micro_batch, args.seq, flops, peak, measured, memory.get(label))
+            return {**info, **figures, **({"profile": profiles[label]} if label in profiles else {})}
+
+        def profiled(label: str, step: Step) -> None:  # after its timed steps, so peak memory is the steps' own
+            if args.profile:
+                profiles[label] = profile_steps(step, args.profile)
 
         if res["schedule"] == "interleaved":
             hf_process = HFProcess(args, dtype, weights) if args.hf_process == "own" else None
@@ -256,6 +265,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             del weights
             try:
                 times = time_steps({label_ours: ours, label_hf: hf}, args.steps, args.warmup)
+                profiled(label_ours, ours)
+                if not hf_process:  # a side in another process is not this profiler's to see
+                    profiled(label_hf, hf)
             finally:
                 if hf_process:
                     hf_process.close()
@@ -263,6 +275,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         else:  # one side after the other, its memory freed in between: peak GPU memory per side
             times = time_steps({label_ours: ours}, args.steps, args.warmup)
             memory[label_ours] = peak_memory_gib()
+            profiled(label_ours, ours)
             if args.json and not args.skip_hf:  # a baseline that fails or runs out of time leaves our figures
                 write_json_atomic(args.json, {**res, "ours": side(ours_info, label_ours, flops_ours),
                                               "hf": "not measured: the run ended before the transformers side did"})
@@ -272,6 +285,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
                 times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
                 memory[label_hf] = peak_memory_gib()
+                profiled(label_hf, hf)
         res["ours"] = side(ours_info, label_ours, flops_ours)
         if label_hf in times:
             res["hf"] = side(hf_info, label_hf, flops_hf)

@@ -17,7 +17,8 @@ def _cli(argv: list[str]) -> int:
 def test_bench_pretrain_tiny_cpu(tmp_path):
     out = tmp_path / "bench.json"
     (rc,) = run_world(1, _cli, ["bench", "pretrain", "--size", "tiny", "--steps", "2", "--warmup", "1", "--seq", "32",
-                                "--micro-batch", "2", "--precision", "32", "--json", str(out)], timeout=120)
+                                "--micro-batch", "2", "--precision", "32", "--profile", "1", "--json", str(out)],
+                  timeout=120)
     assert rc == 0
     res = json.loads(out.read_text())
     assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # no temp file left behind
@@ -32,6 +33,13 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
     # model.optim.fused null: torch's fused Adam on CPU on our side too, as the HF Trainer's default on HF's
     assert res["ours"]["optimizer"] == "AdamW (fused)" and res["hf"]["optimizer"] == "AdamW (fused)"
     assert res["ratio_tokens_per_s"] > 0
+    # --profile: our side's busiest operators; the transformers side ran in another process, out of the profiler's view
+    prof = res["ours"]["profile"]
+    assert prof["time"] == "operator (CPU)" and prof["steps"] == 1 and prof["total_ms_per_step"] > 0
+    assert prof["top"] and all(r["ms_per_step"] > 0 and 0 < r["share"] <= 1 for r in prof["top"])
+    assert [r["ms_per_step"] for r in prof["top"]] == sorted((r["ms_per_step"] for r in prof["top"]), reverse=True)
+    assert any("mm" in r["name"] for r in prof["top"])  # the matmuls are among a BERT step's busiest operators
+    assert "profile" not in res["hf"]
     assert abs(res["ratio_tokens_per_s"] - res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]) < 1e-9
 
 
@@ -56,7 +64,9 @@ def test_sequential_schedule_keeps_our_figures_when_the_baseline_fails(tmp_path)
     (err,) = run_world(1, _cli_with_failing_baseline, ["bench", "pretrain", "--size", "tiny", "--steps", "2",
                                                        "--warmup", "1", "--seq", "32", "--micro-batch", "2",
                                                        "--precision", "32", "--schedule", "sequential",
+                                                       "--profile", "1",
                                                        "--json", str(out)], timeout=120)
     assert err == "the transformers side broke"
     res = json.loads(out.read_text())
     assert res["ours"]["tokens_per_s"] > 0 and res["hf"].startswith("not measured")
+    assert res["ours"]["profile"]["top"]  # profiled before the baseline ran, and written with our figures
