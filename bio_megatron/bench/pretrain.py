@@ -251,7 +251,10 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
 
         def side(info: dict, label: str, flops: float) -> dict:  # one side's figures from its timed steps
             figures = throughput(times[label], args.micro_batch, args.seq, flops, peak, measured, memory.get(label))
-            return {**info, **figures, **({"profile": profiles[label]} if label in profiles else {})}
+            if label in profiles:  # kernel time / timed step: well below 1 on a GPU, the host's launches set the pace
+                prof = profiles[label]
+                figures["profile"] = {**prof, "share_of_step": prof["total_ms_per_step"] / 1e3 / figures["step_time_s"]}
+            return {**info, **figures}
 
         def profiled(label: str, step: Step) -> None:  # after its timed steps, so peak memory is the steps' own
             if args.profile:

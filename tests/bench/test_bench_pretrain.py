@@ -36,6 +36,7 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
     # --profile: our side's busiest operators; the transformers side ran in another process, out of the profiler's view
     prof = res["ours"]["profile"]
     assert prof["time"] == "operator (CPU)" and prof["steps"] == 1 and prof["total_ms_per_step"] > 0
+    assert prof["share_of_step"] > 0
     assert prof["top"] and all(r["ms_per_step"] > 0 and 0 < r["share"] <= 1 for r in prof["top"])
     assert [r["ms_per_step"] for r in prof["top"]] == sorted((r["ms_per_step"] for r in prof["top"]), reverse=True)
     assert any("mm" in r["name"] for r in prof["top"])  # the matmuls are among a BERT step's busiest operators
