@@ -101,31 +101,41 @@ def load_full_state(model: nn.Module, full: dict[str, torch.Tensor], skip_prefix
     key/slice bookkeeping as the layout-invariant init: works at any TP/PP layout. A layer stack's key
     (``[<prefix>.]encoder.layers.<name>``) is filled from the per-layer ``...encoder.layers.<i>.<name>``.
     Returns the global keys filled (every one outside ``skip_prefix``: a missing one is an error)."""
-    filled = set()
+    pieces: dict[str, list[ShardedTensor]] = {}
     for key, sh in sharded_parts(model.sharded_state_dict()):
-        if not isinstance(sh, ShardedTensor) or (skip_prefix and key.startswith(skip_prefix)):
-            continue
-        stack = _LAYER_STACK.match(sh.key)
-        if sh.key in full:
-            value = full[sh.key]
-        elif stack is not None:
-            layers_key, rest = stack.groups()
-            # a gated MLP's fc1 halves ([x; gate] rows): <name>_w is the first, <name>_v the second
-            half = "_wv".index(rest[-1]) - 1 if rest.endswith(("weight_w", "weight_v")) else None
-            rest = rest[:-2] if half is not None else rest
-            # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
-            rest = TE_ALIASES.get(rest, rest) if f"{layers_key}0.{rest}" not in full else rest
-            layers = [full[f"{layers_key}{i}.{rest}"] for i in range(sh.global_shape[0])]
-            value = torch.stack(layers if half is None else [t.chunk(2)[half] for t in layers])
-        else:
-            raise CheckpointError(f"weight {sh.key} is missing from the source")
-        if tuple(value.shape) != tuple(sh.global_shape):  # vocabulary padding differs: zero-pad the rows
-            if value.shape[1:] != tuple(sh.global_shape[1:]) or value.shape[0] > sh.global_shape[0]:
-                raise CheckpointError(f"weight {sh.key} has shape {tuple(value.shape)} in the source but "
-                                      f"{tuple(sh.global_shape)} in this model (different head or model size?)")
-            pad = torch.zeros(sh.global_shape, dtype=value.dtype)
-            pad[: value.shape[0]] = value
-            value = pad
-        sh.data.copy_(value[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
-        filled.add(sh.key)
-    return filled
+        if isinstance(sh, ShardedTensor) and not (skip_prefix and key.startswith(skip_prefix)):
+            pieces.setdefault(sh.key, []).append(sh)
+    # A layer stack's key has one piece per layer: its [layers, ...] value is built once for all of them (built per
+    # piece, 345m took 10.5 s on a 2-core CPU, num_layers times the copies)
+    for gkey, shards in pieces.items():
+        value = _global_value(full, gkey, tuple(shards[0].global_shape))
+        for sh in shards:
+            sh.data.copy_(value[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+    return set(pieces)
+
+
+def _global_value(full: dict[str, torch.Tensor], key: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Global key ``key``'s whole tensor from the per-layer state dict ``full``, zero-padded to ``shape``'s rows
+    where the vocabulary padding differs."""
+    stack = _LAYER_STACK.match(key)
+    if key in full:
+        value = full[key]
+    elif stack is not None:
+        layers_key, rest = stack.groups()
+        # a gated MLP's fc1 halves ([x; gate] rows): <name>_w is the first, <name>_v the second
+        half = "_wv".index(rest[-1]) - 1 if rest.endswith(("weight_w", "weight_v")) else None
+        rest = rest[:-2] if half is not None else rest
+        # the local spec checkpoints its LayerNorms under Transformer Engine's fused names
+        rest = TE_ALIASES.get(rest, rest) if f"{layers_key}0.{rest}" not in full else rest
+        layers = [full[f"{layers_key}{i}.{rest}"] for i in range(shape[0])]
+        value = torch.stack(layers if half is None else [t.chunk(2)[half] for t in layers])
+    else:
+        raise CheckpointError(f"weight {key} is missing from the source")
+    if tuple(value.shape) != shape:  # vocabulary padding differs: zero-pad the rows
+        if value.shape[1:] != shape[1:] or value.shape[0] > shape[0]:
+            raise CheckpointError(f"weight {key} has shape {tuple(value.shape)} in the source but "
+                                  f"{shape} in this model (different head or model size?)")
+        pad = torch.zeros(shape, dtype=value.dtype)
+        pad[: value.shape[0]] = value
+        value = pad
+    return value
