@@ -71,3 +71,25 @@ def test_sequential_schedule_keeps_our_figures_when_the_baseline_fails(tmp_path)
     res = json.loads(out.read_text())
     assert res["ours"]["tokens_per_s"] > 0 and res["hf"].startswith("not measured")
     assert res["ours"]["profile"]["top"]  # profiled before the baseline ran, and written with our figures
+
+
+def _cli_with_failing_profiler(argv: list[str]) -> int:
+    import bio_megatron.bench.pretrain as bench
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")  # as a sandboxed GPU's profiler may answer
+
+    bench.profile_steps = fail
+    return _cli(argv)
+
+
+def test_a_failing_profiler_leaves_the_timings_and_says_why(tmp_path):
+    out = tmp_path / "bench.json"
+    (rc,) = run_world(1, _cli_with_failing_profiler, ["bench", "pretrain", "--size", "tiny", "--steps", "1",
+                                                      "--warmup", "0", "--seq", "32", "--micro-batch", "2",
+                                                      "--precision", "32", "--skip-hf", "--profile", "1",
+                                                      "--json", str(out)], timeout=120)
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["ours"]["tokens_per_s"] > 0
+    assert res["ours"]["profile"] == {"error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
