@@ -175,9 +175,20 @@ FinetuneConfig = NerConfig | ReConfig | QaConfig | ClassifyConfig
 
 def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     """Encoder/layout checks of the pretraining config plus the task's own, all reported together."""
-    m, d = cfg.model, cfg.model.dataset
     # trainer.max_steps may be -1 here (derived from max_epochs), so only the encoder's checks are shared.
-    problems = encoder_problems(m, cfg.trainer, world_size) + run_dir_problems(cfg.exp_manager)
+    problems = encoder_problems(cfg.model, cfg.trainer, world_size) + run_dir_problems(cfg.exp_manager)
+    problems += _trainer_problems(cfg) + _data_problems(cfg) + _stopping_problems(cfg) + _model_problems(cfg)
+    if cfg.task == "qa":
+        problems += _qa_problems(cfg.model.dataset)
+    if cfg.task == "classify":
+        problems += _classify_problems(cfg.model.dataset)
+    if problems:
+        raise ConfigError(problems)
+
+
+def _trainer_problems(cfg: FinetuneConfig) -> list[str]:
+    """trainer.max_steps and val_check_interval."""
+    problems: list[str] = []
     if cfg.trainer.max_steps < 1 and cfg.trainer.max_steps != -1:
         problems.append(f"trainer.max_steps ({cfg.trainer.max_steps}) must be >= 1 (or -1: from max_epochs)")
     vci = cfg.trainer.val_check_interval
@@ -186,6 +197,13 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
                         "an int counts steps")
     elif not isinstance(vci, float) and vci < 0:
         problems.append(f"trainer.val_check_interval ({vci}) must be >= 0 (0: at the end of every epoch)")
+    return problems
+
+
+def _data_problems(cfg: FinetuneConfig) -> list[str]:
+    """The examples, their packing and length, the weights a recipe starts from."""
+    m, d = cfg.model, cfg.model.dataset
+    problems: list[str] = []
     for key in ("max_train_examples", "max_eval_examples"):
         if getattr(d, key) is not None and getattr(d, key) < 1:
             problems.append(f"model.dataset.{key} ({getattr(d, key)}) must be >= 1 or null")
@@ -199,6 +217,12 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if cfg.exp_manager.resume_from_checkpoint:
         problems.append(f"exp_manager.resume_from_checkpoint ({cfg.exp_manager.resume_from_checkpoint}) is not "
                         "supported for fine-tuning; start from weights with model.restore_from_path")
+    return problems
+
+
+def _stopping_problems(cfg: FinetuneConfig) -> list[str]:
+    """When training ends: epochs and early stopping."""
+    problems: list[str] = []
     if cfg.trainer.max_steps < 0 and cfg.trainer.max_epochs < 1:
         problems.append(f"trainer.max_epochs ({cfg.trainer.max_epochs}) must be >= 1 when trainer.max_steps is -1")
     es = cfg.exp_manager.early_stopping_callback_params
@@ -207,6 +231,13 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if not es.min_delta >= 0.0 or math.isinf(es.min_delta):  # (NaN fails this too)
         problems.append(f"exp_manager.early_stopping_callback_params.min_delta ({es.min_delta}) must be finite "
                         "and >= 0")
+    return problems
+
+
+def _model_problems(cfg: FinetuneConfig) -> list[str]:
+    """Layer-wise learning-rate decay and the task head."""
+    m = cfg.model
+    problems: list[str] = []
     lwd = m.optim.layerwise_lr_decay
     if lwd is not None and not 0.0 < lwd <= 1.0:  # (NaN fails this too)
         problems.append(f"model.optim.layerwise_lr_decay ({lwd}) must be in (0, 1] or null")
@@ -228,38 +259,47 @@ def validate(cfg: FinetuneConfig, world_size: int | None = None) -> None:
     if pooling != "cls" and m.family not in (None, "modernbert"):  # the other families' heads read [CLS] only
         problems.append(f"model.classifier_head.pooling ({pooling}) is for model.family modernbert only (its HF "
                         f"classes' classifier_pooling), not {m.family}")
-    if cfg.task == "qa" and d.dev_holdout_fraction is not None:
+    return problems
+
+
+def _qa_problems(d: QaDatasetConfig) -> list[str]:
+    """Extractive QA's dev hold-out, windows and answer search."""
+    problems: list[str] = []
+    if d.dev_holdout_fraction is not None:
         if not 0.0 < d.dev_holdout_fraction < 1.0:  # (NaN fails this too)
             problems.append(f"model.dataset.dev_holdout_fraction ({d.dev_holdout_fraction}) must be in (0, 1)")
         if d.dev_file:
             problems.append(f"model.dataset.dev_holdout_fraction ({d.dev_holdout_fraction}) carves dev from "
                             f"train_file: set model.dataset.dev_file=null (it is {d.dev_file})")
-    if cfg.task == "qa":
-        if not math.isfinite(d.null_score_diff_threshold):
-            problems.append(f"model.dataset.null_score_diff_threshold ({d.null_score_diff_threshold}) must be finite")
-        if d.doc_stride < 1 or d.max_query_length < 1 or d.max_answer_length < 1 or d.n_best_size < 1:
-            problems.append(f"model.dataset.doc_stride ({d.doc_stride}), max_query_length ({d.max_query_length}), "
-                            f"max_answer_length ({d.max_answer_length}) and n_best_size ({d.n_best_size}) must be >= 1")
-        if d.max_query_length + 3 >= d.max_seq_length:
-            problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
-                            f"max_seq_length ({d.max_seq_length})")
-    if cfg.task == "classify":
-        if d.class_balancing and d.task_name in ("biosses", "clinicalsts"):
-            problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights classes or labels; "
-                            f"{d.task_name} is regression: null")
-        if d.pubmedqa_long_answer and d.task_name != "pubmedqa":
-            problems.append(f"model.dataset.pubmedqa_long_answer (true) is PubMedQA's reasoning-free input; "
-                            f"task_name is {d.task_name}: false")
-        if d.fold is not None and (d.task_name not in ("gad", "euadr") or not 1 <= d.fold <= 10):
-            problems.append(f"model.dataset.fold ({d.fold}) is one of BioBERT's ten folds 1..10 of gad or euadr "
-                            f"(task_name is {d.task_name})")
-        if d.task_name == "euadr" and d.fold is None:
-            problems.append("model.dataset.task_name euadr exists only as BioBERT's ten folds: set model.dataset.fold "
-                            "(1..10)")
-        if d.max_seq_length < 8:  # room for the special tokens of a pair and some text
-            problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) must be >= 8")
-    if problems:
-        raise ConfigError(problems)
+    if not math.isfinite(d.null_score_diff_threshold):
+        problems.append(f"model.dataset.null_score_diff_threshold ({d.null_score_diff_threshold}) must be finite")
+    if d.doc_stride < 1 or d.max_query_length < 1 or d.max_answer_length < 1 or d.n_best_size < 1:
+        problems.append(f"model.dataset.doc_stride ({d.doc_stride}), max_query_length ({d.max_query_length}), "
+                        f"max_answer_length ({d.max_answer_length}) and n_best_size ({d.n_best_size}) must be >= 1")
+    if d.max_query_length + 3 >= d.max_seq_length:
+        problems.append(f"model.dataset.max_query_length ({d.max_query_length}) leaves no room for context in "
+                        f"max_seq_length ({d.max_seq_length})")
+    return problems
+
+
+def _classify_problems(d: ClassifyDatasetConfig) -> list[str]:
+    """The classification dataset's own settings."""
+    problems: list[str] = []
+    if d.class_balancing and d.task_name in ("biosses", "clinicalsts"):
+        problems.append(f"model.dataset.class_balancing ({d.class_balancing}) weights classes or labels; "
+                        f"{d.task_name} is regression: null")
+    if d.pubmedqa_long_answer and d.task_name != "pubmedqa":
+        problems.append(f"model.dataset.pubmedqa_long_answer (true) is PubMedQA's reasoning-free input; "
+                        f"task_name is {d.task_name}: false")
+    if d.fold is not None and (d.task_name not in ("gad", "euadr") or not 1 <= d.fold <= 10):
+        problems.append(f"model.dataset.fold ({d.fold}) is one of BioBERT's ten folds 1..10 of gad or euadr "
+                        f"(task_name is {d.task_name})")
+    if d.task_name == "euadr" and d.fold is None:
+        problems.append("model.dataset.task_name euadr exists only as BioBERT's ten folds: set model.dataset.fold "
+                        "(1..10)")
+    if d.max_seq_length < 8:  # room for the special tokens of a pair and some text
+        problems.append(f"model.dataset.max_seq_length ({d.max_seq_length}) must be >= 8")
+    return problems
 
 
 def load_finetune_config(task: str, path: str | Path | None, overrides: list[str] = (),
