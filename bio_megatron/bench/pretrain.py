@@ -90,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch intra-op threads for both sides (default: torch's, one per core); on a CPU "
                              "shared with other jobs, 1 thread keeps a step from stalling on a busy core")
+    parser.add_argument("--also-our-adam", default=None, choices=["fused", "default"],
+                        help="sequential schedule (GPU default): time our side once more with this Adam kernel, "
+                             "after ours and before HF, as ours_adam_<kernel> in --json: the optimizer's A/B in "
+                             "one run")
     parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
                         help="after the timed steps, profile this many more steps of each side run in this process "
                              "and record its busiest kernels (GPU) or operators (CPU) in --json (default 0: off)")
@@ -187,6 +191,9 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
                 (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
                  ("warmup", args.warmup, 0), ("profile", args.profile, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
+    if args.also_our_adam and _schedule(args) != "sequential":
+        problems.append("--also-our-adam times a second model of ours after the first: it needs --schedule "
+                        "sequential (the GPU default)")
     if args.seq > 512:
         problems.append(f"--seq ({args.seq}) must be <= 512 (max_position_embeddings of Megatron BERT)")
     if problems:
@@ -289,6 +296,15 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                                               "hf": "not measured: the run ended before the transformers side did"})
             del ours
             free_memory()
+            if args.also_our_adam:  # the same model and batch, only the Adam kernel differs
+                kernel = args.also_our_adam
+                alt, alt_info, _ = ours_step(argparse.Namespace(**{**vars(args), "our_adam": kernel}), dtype)
+                label_alt = f"{label_ours}, Adam {kernel}"
+                times.update(time_steps({label_alt: alt}, args.steps, args.warmup))
+                memory[label_alt] = peak_memory_gib()
+                res[f"ours_adam_{kernel}"] = side(alt_info, label_alt, flops_ours)
+                del alt
+                free_memory()
             if not args.skip_hf:
                 hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
                 times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
@@ -332,6 +348,9 @@ def summary_line(res: dict[str, Any]) -> str:
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
                  f"{res['schedule']}{', HF in its own process' if h.get('process') == 'own' else ''}; "
                  f"ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; HF {h['optimizer']})")
+    for key in (k for k in res if k.startswith("ours_adam_")):
+        a = res[key]
+        line += f" | ours with {a['optimizer']}: {a['tokens_per_s']:,.0f} tok/s [{_parts(a)}]"
     return line
 
 

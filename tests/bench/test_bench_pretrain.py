@@ -93,3 +93,21 @@ def test_a_failing_profiler_leaves_the_timings_and_says_why(tmp_path):
     res = json.loads(out.read_text())
     assert res["ours"]["tokens_per_s"] > 0
     assert res["ours"]["profile"] == {"error": "RuntimeError: CUPTI_ERROR_NOT_INITIALIZED"}
+
+
+def test_also_our_adam_times_our_side_again_with_the_other_kernel(tmp_path):
+    """The optimizer's A/B in one run (what the GPU check needs to choose Adam's GPU default): the same model and
+    batch timed again with the other kernel, after ours; refused where both sides stay resident."""
+    out = tmp_path / "bench.json"
+    common = ["bench", "pretrain", "--size", "tiny", "--steps", "1", "--warmup", "1", "--seq", "32",
+              "--micro-batch", "2", "--precision", "32", "--skip-hf", "--also-our-adam", "default"]
+    (rc,) = run_world(1, _cli, common + ["--json", str(out)], timeout=120)
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["ours"]["optimizer"] == "AdamW (fused)"  # null: the fused kernel on CPU
+    alt = res["ours_adam_default"]
+    assert alt["optimizer"] == "AdamW (single-tensor)" and alt["tokens_per_s"] > 0
+    assert set(alt["breakdown_s"]) == {"forward_backward", "optimizer", "other"}
+    (rc,) = run_world(1, _cli, ["bench", "pretrain", "--size", "tiny", "--also-our-adam", "fused",
+                                "--schedule", "interleaved"], timeout=120)
+    assert rc == 2
