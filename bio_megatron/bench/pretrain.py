@@ -257,11 +257,25 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         profiles: dict[str, dict] = {}
 
         def side(info: dict, label: str, flops: float) -> dict:  # one side's figures from its timed steps
-            figures = throughput(times[label], args.micro_batch, args.seq, flops, peak, measured, memory.get(label))
+            rates = throughput(times[label], args.micro_batch, args.seq, flops, peak, measured, memory.get(label))
             prof = profiles.get(label)
             if prof and "total_ms_per_step" in prof:  # kernel time / timed step: well below 1, launches set the pace
-                prof = {**prof, "share_of_step": prof["total_ms_per_step"] / 1e3 / figures["step_time_s"]}
-            return {**info, **figures, **({"profile": prof} if prof else {})}
+                prof = {**prof, "share_of_step": prof["total_ms_per_step"] / 1e3 / rates["step_time_s"]}
+            return {**info, **rates, **({"profile": prof} if prof else {})}
+
+        def figures() -> dict[str, Any]:  # everything measured so far
+            out = {**res, "ours": side(ours_info, label_ours, flops_ours)}
+            if label_hf in times:
+                out["hf"] = side(hf_info, label_hf, flops_hf)
+                out["ratio_tokens_per_s"] = out["ours"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
+                # median step times: robust to a few steps slowed by other processes' load
+                out["ratio_median_step"] = out["hf"]["step_time_median_s"] / out["ours"]["step_time_median_s"]
+            return out
+
+        def so_far() -> None:  # a later part that fails, hangs or runs out of time leaves what was measured
+            if args.json and not args.skip_hf:
+                write_json_atomic(args.json, {"hf": "not measured: the run ended before the transformers side did",
+                                              **figures()})
 
         def profiled(label: str, step: Step) -> None:  # after its timed steps, so peak memory is the steps' own
             if not args.profile:
@@ -290,10 +304,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         else:  # one side after the other, its memory freed in between: peak GPU memory per side
             times = time_steps({label_ours: ours}, args.steps, args.warmup)
             memory[label_ours] = peak_memory_gib()
+            so_far()
             profiled(label_ours, ours)
-            if args.json and not args.skip_hf:  # a baseline that fails or runs out of time leaves our figures
-                write_json_atomic(args.json, {**res, "ours": side(ours_info, label_ours, flops_ours),
-                                              "hf": "not measured: the run ended before the transformers side did"})
+            so_far()
             del ours
             free_memory()
             if args.also_our_adam:  # the same model and batch, only the Adam kernel differs
@@ -303,19 +316,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
                 times.update(time_steps({label_alt: alt}, args.steps, args.warmup))
                 memory[label_alt] = peak_memory_gib()
                 res[f"ours_adam_{kernel}"] = side(alt_info, label_alt, flops_ours)
+                so_far()
                 del alt
                 free_memory()
             if not args.skip_hf:
                 hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
                 times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
                 memory[label_hf] = peak_memory_gib()
+                so_far()
                 profiled(label_hf, hf)
-        res["ours"] = side(ours_info, label_ours, flops_ours)
-        if label_hf in times:
-            res["hf"] = side(hf_info, label_hf, flops_hf)
-            res["ratio_tokens_per_s"] = res["ours"]["tokens_per_s"] / res["hf"]["tokens_per_s"]
-            # median step times: robust to a few steps slowed by other processes' load
-            res["ratio_median_step"] = res["hf"]["step_time_median_s"] / res["ours"]["step_time_median_s"]
+        res.update(figures())
         free_memory()
     finally:
         teardown()

@@ -111,3 +111,31 @@ def test_also_our_adam_times_our_side_again_with_the_other_kernel(tmp_path):
     (rc,) = run_world(1, _cli, ["bench", "pretrain", "--size", "tiny", "--also-our-adam", "fused",
                                 "--schedule", "interleaved"], timeout=120)
     assert rc == 2
+
+
+def _cli_stopped_while_profiling_the_baseline(argv: list[str]) -> int:
+    import bio_megatron.bench.pretrain as bench
+
+    real, calls = bench.profile_steps, []
+
+    def stop_on_second(*args, **kwargs):  # ours is profiled for real; the baseline's profiler "hangs" until killed
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    bench.profile_steps = stop_on_second
+    return _cli(argv)
+
+
+def test_a_run_stopped_in_the_last_profile_has_written_both_sides_timings(tmp_path):
+    """The GPU check kills a step at its limit: whatever was measured before is in --json already."""
+    out = tmp_path / "bench.json"
+    (rc,) = run_world(1, _cli_stopped_while_profiling_the_baseline,
+                       ["bench", "pretrain", "--size", "tiny", "--steps", "1", "--warmup", "1", "--seq", "32",
+                        "--micro-batch", "2", "--precision", "32", "--schedule", "sequential", "--profile", "1",
+                        "--json", str(out)], timeout=120)
+    assert rc == 130  # the CLI's answer to an interrupt
+    res = json.loads(out.read_text())
+    assert res["ours"]["profile"]["top"] and res["hf"]["tokens_per_s"] > 0 and "profile" not in res["hf"]
+    assert res["ratio_tokens_per_s"] > 0
