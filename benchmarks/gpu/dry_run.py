@@ -117,7 +117,8 @@ def run_tiny_steps(out: Path) -> dict[str, Any]:
     res: dict[str, Any] = {}
     res["bench_pretrain_rc"] = cli(["bench", "pretrain", "--size", "tiny", "--seq", "64", "--micro-batch", "2",
                                     "--steps", "1", "--warmup", "1", "--precision", "bf16", "--schedule", "sequential",
-                                    "--profile", "1", "--also-our-adam", "fused", "--json", str(out / "bench_pretrain_tiny.json")])
+                                    "--profile", "1", "--also-our-adam", "fused",
+                                    "--json", str(out / "bench_pretrain_tiny.json")])
     res["memory_rc"] = memory.main(["--size", "tiny", "--seq", "64", "--micro-batches", "1,2",
                                     "--json", str(out / "memory_tiny.json")])
     try:

@@ -190,7 +190,8 @@ def _resolve_defaults(args: argparse.Namespace) -> None:
     args.warmup = args.warmup if args.warmup is not None else (5 if gpu else 3)
     problems = [f"--{k.replace('_', '-')} ({v}) must be >= {lo}" for k, v, lo in
                 (("seq", args.seq, 8), ("micro_batch", args.micro_batch, 1), ("steps", args.steps, 1),
-                 ("warmup", args.warmup, 0), ("profile", args.profile, 0), ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
+                 ("warmup", args.warmup, 0), ("profile", args.profile, 0),
+                 ("threads", 1 if args.threads is None else args.threads, 1)) if v < lo]
     if args.also_our_adam and _schedule(args) != "sequential":
         problems.append("--also-our-adam times a second model of ours after the first: it needs --schedule "
                         "sequential (the GPU default)")

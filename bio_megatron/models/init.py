@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 import torch
 from megatron.core.dist_checkpointing.mapping import ShardedTensor, ShardedTensorFactory
@@ -29,6 +29,24 @@ def sharded_parts(sharded: dict):
 
 def _sharded_tensors(model: torch.nn.Module):
     return ((k, sh) for k, sh in sharded_parts(model.sharded_state_dict()) if isinstance(sh, ShardedTensor))
+
+
+def fill_by_global_key(model: torch.nn.Module, value: Callable[[str, tuple[int, ...]], torch.Tensor],
+                       keep: Callable[[str, ShardedTensor], bool]) -> list[str]:
+    """Copy into each piece of ``model`` that ``keep(state-dict key, piece)`` accepts its slice of ``value(global key,
+    global shape)``; returns the global keys filled, in the model's order. Each key's value is built once for all its
+    pieces: a layer stack's key ([layers, ...]) has one piece per layer, and building it per piece cost num_layers
+    times the work (57 s to initialise 345m on a 2-core CPU, 10.5 s to fill it from a Hugging Face state)."""
+    pieces: dict[str, list[ShardedTensor]] = {}
+    for k, sh in _sharded_tensors(model):
+        if keep(k, sh):
+            pieces.setdefault(sh.key, []).append(sh)
+    with torch.no_grad():
+        for key, shards in pieces.items():
+            full = value(key, tuple(shards[0].global_shape))
+            for sh in shards:
+                sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+    return list(pieces)
 
 
 def init_value(key: str, shape: tuple[int, ...], seed: int, std: float, num_layers: int) -> torch.Tensor:
@@ -52,16 +70,8 @@ def init_weights(model: torch.nn.Module, seed: int, std: float, num_layers: int,
     """Every parameter its layout-invariant initial value, except those whose global key is in ``skip`` (filled
     from a checkpoint already: each value depends on its own key only, so the others get what they would anyway);
     ``only``: just the keys starting with one of these prefixes (the modules a source lacks)."""
-    pieces: dict[str, list[ShardedTensor]] = {}
-    for _, sh in _sharded_tensors(model):
-        if sh.key not in skip and (only is None or sh.key.startswith(only)):
-            pieces.setdefault(sh.key, []).append(sh)
-    # A layer stack's parameters share one global key of shape [layers, ...], one piece per layer: draw each key
-    # once for all its pieces (drawing it per piece cost num_layers times the draws: 57 s for 345m, minutes for 1.2b).
-    for key, shards in pieces.items():
-        full = init_value(key, tuple(shards[0].global_shape), seed, std, num_layers)
-        for sh in shards:
-            sh.data.copy_(full[sh.global_slice()].reshape(sh.local_shape).to(sh.data.dtype))
+    fill_by_global_key(model, lambda key, shape: init_value(key, shape, seed, std, num_layers),
+                       lambda _, sh: sh.key not in skip and (only is None or sh.key.startswith(only)))
 
 
 def rank_device() -> torch.device:
