@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "foreach on GPU)")
     parser.add_argument("--our-adam", default="auto", choices=["auto", "fused", "default"],
                         help="our side's torch Adam kernel where megatron-core runs torch's Adam (model.optim.fused: "
-                             "auto = null, fused on CPU; fused = true; default = false, torch's default kernel)")
+                             "auto = null, fused; fused = true; default = false, torch's default kernel)")
     parser.add_argument("--grad-fusion", default="auto", choices=["auto", "on", "off"],
                         help="our side's gradient-accumulation fusion (model.gradient_accumulation_fusion: auto = "
                              "null, on on CPU, off on GPU; on = true (GPU: needs apex); off = false, megatron's unfused "

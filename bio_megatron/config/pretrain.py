@@ -151,8 +151,9 @@ class OptimConfig:
     eps: float = 1e-8
     fused: bool | None = None
     """torch.optim's ``fused`` (as NeMo passes it to a torch optimizer), where megatron-core runs torch's Adam
-    (no Transformer Engine/apex): null = the fused kernel on CPU, torch's default on GPU; false = torch's
-    default (single-tensor on CPU: the numerics of runs before 2026-11-23). See docs/BENCHMARKS.md."""
+    (no Transformer Engine/apex): null or true = the fused kernel, on CPU and GPU; false = torch's default
+    (single-tensor on CPU, foreach on GPU: the numerics of runs before 2026-11-23 on CPU, before 2026-11-27 on
+    GPU). See docs/BENCHMARKS.md."""
     bias_correction: bool = True
     """name lamb only (apex FusedLAMB's / NeMo's key): divide the moments by 1 - beta^t, as apex does; false gives
     the update of the TF LAMB that ALBERT and BioM-ALBERT were trained with (no bias correction)."""
