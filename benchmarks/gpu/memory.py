@@ -4,8 +4,9 @@ distributed optimizer and activation recomputation, and what is the peak memory 
 One process, TP1, the code path of ``bio-megatron pretrain``: ``build_stage`` (the model with the config's
 recompute settings, megatron DDP), megatron-core's optimizer (distributed optimizer on), and full train steps
 through ``get_forward_backward_func()`` on the synthetic full-length MLM batch of ``bench pretrain``. For each
-micro-batch size, smallest first, two steps (the first allocates Adam's state), then ``max_memory_allocated`` /
-``max_memory_reserved`` of the second; a size that runs out of memory is recorded as such and ends the sweep.
+micro-batch size, smallest first, two steps (the first allocates Adam's state), then ``max_memory_allocated`` of
+the second's forward-backward and of its optimizer step, each, and ``max_memory_reserved`` over the step; a size
+that runs out of memory is recorded as such and ends the sweep.
 ``fits_80gb`` compares the reserved peak with an 80 GB card's capacity (H100 80GB HBM3: 81,559 MiB), so a larger
 GPU (H200) still answers the question. The static estimate of ``training/memory.py`` is recorded beside it.
 
@@ -31,7 +32,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", default="1.2b")
     p.add_argument("--seq", type=int, default=512)
-    p.add_argument("--micro-batches", default="1,2,4,8,16,32", help="comma-separated, ascending")
+    p.add_argument("--micro-batches", default="1,2,4,8,16,32,64", help="comma-separated, ascending")
     p.add_argument("--precision", default="bf16", choices=["bf16", "16", "32"])
     p.add_argument("--recompute", default="full", choices=["none", "selective", "full"],
                    help="activations_checkpoint_granularity (full: method uniform, 1 layer per group)")
@@ -44,6 +45,33 @@ def _rss_peak_gib() -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class _Peaks:
+    """CUDA peak memory per phase of one step. A step's peak is either the activations' (forward-backward) or the
+    optimizer's (torch's foreach Adam holds temporaries the size of the fp32 parameters), and only the first grows
+    with the micro-batch: one number per step would hide which. Records nothing when ``on`` is false."""
+
+    def __init__(self, on: bool) -> None:
+        import torch
+
+        self.on, self.cuda, self.allocated, self.reserved = on, torch.cuda, {}, 0
+        if on:
+            self.cuda.synchronize()
+            self.cuda.reset_peak_memory_stats()
+
+    def phase(self, name: str) -> None:
+        """End phase ``name``: record its peak allocation and start the next phase's."""
+        if not self.on:
+            return
+        self.cuda.synchronize()
+        self.allocated[name] = self.cuda.max_memory_allocated() / 2**30
+        self.reserved = max(self.reserved, self.cuda.max_memory_reserved())
+        self.cuda.reset_peak_memory_stats()
+
+    def summary(self) -> dict[str, float]:
+        return {"peak_allocated_gib": max(self.allocated.values()), "peak_reserved_gib": self.reserved / 2**30,
+                **{f"peak_allocated_{k}_gib": v for k, v in self.allocated.items()}}
 
 
 def _model_config(args: argparse.Namespace, micro_batch: int):
@@ -96,23 +124,20 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
             row: dict[str, Any] = {"micro_batch": mb}
             try:
                 for step in range(2):
-                    if gpu and step == 1:
-                        torch.cuda.synchronize()
-                        torch.cuda.reset_peak_memory_stats()
+                    peaks = _Peaks(gpu and step == 1)
                     t = time.perf_counter()
                     ddp.zero_grad_buffer()
                     optimizer.zero_grad()
                     losses = fwd_bwd(forward_step_func=fstep, data_iterator=iter([batch]), model=[ddp],
                                      num_microbatches=1, seq_length=args.seq, micro_batch_size=mb, forward_only=False)
+                    peaks.phase("forward_backward")
                     optimizer.step()
-                    if gpu:
-                        torch.cuda.synchronize()
+                    peaks.phase("optimizer")
                 row["step_s"] = time.perf_counter() - t
                 row["loss"] = float(losses[0]["loss"])
                 if gpu:
-                    row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
-                    row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
-                    row["fits_80gb"] = torch.cuda.max_memory_reserved() < CARD_80GB_BYTES
+                    row.update(peaks.summary())
+                    row["fits_80gb"] = row["peak_reserved_gib"] * 2**30 < CARD_80GB_BYTES
                 else:
                     row["peak_rss_gib"] = _rss_peak_gib()
             except torch.OutOfMemoryError as e:
