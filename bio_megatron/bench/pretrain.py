@@ -77,6 +77,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="our side's gradient-accumulation fusion (model.gradient_accumulation_fusion: auto = "
                              "null, on on CPU, off on GPU; on = true (GPU: needs apex); off = false, megatron's unfused "
                              "hook path with the whole gradient buffer zeroed every step)")
+    parser.add_argument("--bda-fusion", default="auto", choices=["auto", "on", "off"],
+                        help="our side's bias-dropout-add fusion (model.bias_dropout_add_fusion: auto = null, off; "
+                             "on = true, compiled by torch.compile; off = false)")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="true vocabulary size")
     parser.add_argument("--binary-head", action="store_true", help="add the NSP head (HF: ForPreTraining)")
     parser.add_argument("--skip-hf", action="store_true", help="measure only our model")
@@ -120,6 +123,7 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
                             attention_backend=args.attention, bert_binary_head=args.binary_head)
     cfg.model.optim.fused = {"auto": None, "fused": True, "default": False}[args.our_adam]
     cfg.model.gradient_accumulation_fusion = {"auto": None, "on": True, "off": False}[args.grad_fusion]
+    cfg.model.bias_dropout_add_fusion = {"auto": None, "on": True, "off": False}[args.bda_fusion]
     model, ddp = build_stage(cfg, args.vocab_size, dtype)
     optimizer = build_optimizer(cfg.model.optim, [ddp], dtype, clip_grad=1.0, use_distributed_optimizer=False)
     batch = to_device({k: v for k, v in synthetic_batch(args.vocab_size, args.micro_batch, args.seq,
@@ -145,7 +149,9 @@ def ours_step(args: argparse.Namespace, dtype: "torch.dtype") -> tuple[Step, dic
         return lap.parts
 
     fusion = "on" if grad_fusion.resolve(cfg.model.gradient_accumulation_fusion) else "off"
-    return step, {"attention": attention, "optimizer": optimizer_impl(optimizer), "grad_fusion": fusion}, initial
+    bda = "on" if model.config.bias_dropout_fusion else "off"
+    return step, {"attention": attention, "optimizer": optimizer_impl(optimizer), "grad_fusion": fusion,
+                  "bda_fusion": bda}, initial
 
 
 def measured_matmul_tflops(dtype: "torch.dtype", n: int = 8192, iters: int = 50) -> float | None:
@@ -358,7 +364,8 @@ def summary_line(res: dict[str, Any]) -> str:
         line += (f" | HF {h['tokens_per_s']:,.0f} tok/s {_tf(h['tflops'])} TFLOP/s [{_parts(h)}] | "
                  f"ours/HF {res['ratio_tokens_per_s']:.2f}x (median step {res['ratio_median_step']:.2f}x; "
                  f"{res['schedule']}{', HF in its own process' if h.get('process') == 'own' else ''}; "
-                 f"ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}; HF {h['optimizer']})")
+                 f"ours {o['optimizer']}, gradient fusion {o.get('grad_fusion', 'n/a')}, bias-dropout-add fusion "
+                 f"{o.get('bda_fusion', 'n/a')}; HF {h['optimizer']})")
     for key in (k for k in res if k.startswith("ours_adam_")):
         a = res[key]
         line += f" | ours with {a['optimizer']}: {a['tokens_per_s']:,.0f} tok/s [{_parts(a)}]"

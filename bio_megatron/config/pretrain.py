@@ -236,6 +236,11 @@ class ModelConfig:
     """Megatron-LM's key: linears (and on the CPU the word embedding) add their weight gradients straight into
     DDP's gradient buffer. null: on on the CPU, off on a GPU (NeMo's default); true: on (on a GPU it needs apex);
     false: off (a fresh gradient per weight, added in by DDP's hook)."""
+    bias_dropout_add_fusion: bool | None = None
+    """NeMo's key: each sub-layer's bias add, dropout and residual add as one compiled function (megatron-core's
+    bias_dropout_fusion, built with torch.compile) instead of three kernels. null: off, as before 2026-11-27
+    (docs/BENCHMARKS.md: `bench pretrain --bda-fusion` measures it); true: on, where torch.compile works (a GPU
+    with Triton, a CPU with a C++ compiler). Same function; with dropout on, other random masks."""
     activations_checkpoint_granularity: Literal["selective", "full"] | None = None
     """NeMo's key (Megatron-LM's --recompute-granularity): recompute activations in the backward pass instead of
     keeping them, with megatron-core's recompute (same gradients, less memory, more compute). selective: every

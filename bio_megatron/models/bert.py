@@ -126,7 +126,7 @@ def _transformer_config(m: ModelConfig, s, on_gpu: bool, dtype: torch.dtype) -> 
         # the compiled scaled_masked_softmax_cuda (Apex-built), which megatron imports unguarded when it checks a
         # shape: on a GPU without it, the unfused attention of bf16/fp16 runs would die on ModuleNotFoundError.
         bias_activation_fusion=False, masked_softmax_fusion=on_gpu and _have_fused_softmax(),
-        gradient_accumulation_fusion=False,
+        gradient_accumulation_fusion=False, bias_dropout_fusion=bool(m.bias_dropout_add_fusion),
         apply_query_key_layer_scaling=False, attention_softmax_in_fp32=True,
         # TP1 has no sequence to split: a checkpoint's sequence_parallel is dropped where it is built at TP1
         # (exports, verification); pretraining refuses sequence_parallel with TP1 in its config check.
