@@ -6,7 +6,7 @@ set -euo pipefail
 # --- configuration -----------------------------------------------------------------------------
 SIZE="${SIZE:-345m}"
 SEQ="${SEQ:-512}"
-MICRO_BATCH="${MICRO_BATCH:-8}"
+MICRO_BATCH="${MICRO_BATCH:-32}"   # at 8 a step waits on the host (docs/BENCHMARKS.md, 2026-11-27)
 PRECISION="${PRECISION:-bf16}"
 BIO_MEGATRON="${BIO_MEGATRON:-bio-megatron}"   # or: .venv/bin/bio-megatron
 # -------------------------------------------------------------------------------------------------
