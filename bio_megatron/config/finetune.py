@@ -18,9 +18,8 @@ from bio_megatron.config.finetune_data import (ClassifierHeadConfig, ClassifyDat
                                                NerDatasetConfig, QaDatasetConfig, ReDatasetConfig)
 from bio_megatron.config.loader import build_config, load_document
 from bio_megatron.config.packing import finetune_packing_problems
-from bio_megatron.config.pretrain import (ExpManagerConfig, ModelConfig, OptimConfig, RunConfig, SchedConfig,
-                                          TrainerConfig)
-from bio_megatron.config.pretrain import encoder_problems, run_dir_problems
+from bio_megatron.config.pretrain import ModelConfig, OptimConfig, SchedConfig, encoder_problems
+from bio_megatron.config.run import ExpManagerConfig, RunConfig, TrainerConfig, run_dir_problems
 from bio_megatron.utils.errors import ConfigError
 
 TASKS = ("ner", "re", "qa", "classify")
