@@ -4,6 +4,8 @@
 # developer machine the SLURM tests skip with a clear reason instead.
 #   slurmctld slurmd slurm-client munge  a real 2-node SLURM cluster on this host (slurm_ci/slurm_up.sh)
 #   libslurm-dev gcc libc6-dev           build the no-op pyxis SPANK plugin (slurm_ci/fake_pyxis.c)
+#   g++                                  torch.compile on the CPU (inductor's C++ kernels): the compiled
+#                                        bias-dropout-add of tests/engine/test_bda_fusion.py
 #   iproute2                             the cluster's private network namespace (ip netns)
 #   podman runc netavark debootstrap     build and run the image (tests/launch/test_image.py): podman with
 #   binutils                             runc and netavark (without recommends apt picks CNI plugins, which
@@ -21,6 +23,7 @@ declare -A PROVIDES=(
   [munge]=/usr/sbin/munged
   [libslurm-dev]=/usr/include/slurm/spank.h
   [gcc]=/usr/bin/gcc
+  [g++]=/usr/bin/g++
   [libc6-dev]=/usr/include/stdio.h
   [iproute2]=/usr/bin/ip
   [podman]=/usr/bin/podman
