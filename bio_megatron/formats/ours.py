@@ -162,6 +162,17 @@ def saved_vocab_name(vocab_file: str | Path) -> str:
     return "spiece.model" if path.suffix == ".model" else "vocab.txt"
 
 
+def _fresh_prefixes(fresh: Sequence[str], full: dict, built: dict, source: str) -> tuple[str, ...]:
+    """The pretraining model's modules a written checkpoint draws fresh: those named in ``fresh``, else the MLM head
+    of a bare encoder (HF BertModel, an encoder-only file; ELECTRA's MLM head is the generator's, named in ``fresh``)."""
+    if fresh:
+        return tuple(f"{name}." for name in fresh)
+    if "lm_head.dense.weight" not in full and "lm_head.dense.weight" in built:
+        log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", source)
+        return ("lm_head.", "output_layer.bias")
+    return ()
+
+
 def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool = False,
                verify: Callable[[Path, dict[str, torch.Tensor]], dict] | None = None,
                fresh_head_seed: int = 0, fresh: Sequence[str] = ()) -> dict | None:
@@ -196,17 +207,11 @@ def write_ours(state: ModelState, out: str | Path, command: str, overwrite: bool
         model = family_named(state.family).build_pretraining_model(m, state.vocab_size, torch.float32)
         # Only the modules the source lacks are drawn (each initial value depends on its own key alone, so they are
         # the values a whole-model initialisation gives them); the rest come from ``full`` below.
-        if fresh:
-            prefixes = tuple(f"{name}." for name in fresh)
+        prefixes = _fresh_prefixes(fresh, full, model.state_dict(), state.source)
+        if prefixes:
             init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers, only=prefixes)
             full.update({k: v for k, v in model.state_dict().items()
                          if k.startswith(prefixes) and k not in full and torch.is_tensor(v)})
-        elif "lm_head.dense.weight" not in full and "lm_head.dense.weight" in model.state_dict():
-            # a bare encoder (HF BertModel, an encoder-only file): fresh MLM head (ELECTRA's is the generator's)
-            log.info("%s has no MLM head: initialising one (the encoder is what fine-tuning uses)", state.source)
-            prefixes = ("lm_head.", "output_layer.bias")
-            init_weights(model, fresh_head_seed, m.init_method_std, m.shape().num_layers, only=prefixes)
-            full.update({k: v for k, v in model.state_dict().items() if k.startswith(prefixes) and torch.is_tensor(v)})
     else:
         cfg = CONFIG_CLASSES[task]()
         cfg.model = m
