@@ -180,6 +180,37 @@ def _shape_name(m: ModelConfig) -> str:
     return f"{m.size_name()} shape (model.size {m.size} with overrides)"
 
 
+def _continue(resume: Path | None, restore: Path | None, model, optimizer, scheduler, layout: ckpt.Layout,
+              dtype: torch.dtype) -> tuple[int, int, dict]:
+    """Load what the run continues from, as ``continued_from`` settled it: a resume (everything; the step, the
+    run's skipped-step count and the checkpoint's recorded origin are returned) or a restore (model weights only,
+    a fresh optimizer); neither: (0, 0, {})."""
+    if resume is not None:
+        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
+        log.info("resumed from %s at step %d", resume, step)
+        # the run's count of skipped steps, not this process's
+        return step, ckpt_dir.read_metadata(resume).get("skipped_steps", 0), ckpt_dir.unverified_origin(resume)
+    if restore is not None:
+        ckpt.load_checkpoint(restore, model, optimizer, model_only=True, compute_dtype=dtype_name(dtype))
+        log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", restore)
+    return 0, 0, {}
+
+
+def _announce(cfg: PretrainConfig, num_microbatches: int, dtype: torch.dtype, step: int) -> None:
+    """The run's start line: shape, layout, batch, precision and steps (and ELECTRA's generator)."""
+    m, shape = cfg.model, cfg.model.shape()
+    log.info("pretraining %s: %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
+             "per step | compute dtype %s | from step %d to %d", _shape_name(m), shape.num_layers,
+             shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
+             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), num_microbatches,
+             m.micro_batch_size, describe_precision(dtype), step, cfg.trainer.max_steps)
+    if m.objective == "electra":
+        g = electra_shapes(m)
+        log.info("ELECTRA: generator hidden %d, heads %d, FFN %d (fraction %.4g); loss = generator + %g x "
+                 "discriminator", g.hidden_size, g.num_attention_heads, g.ffn_hidden_size,
+                 m.generator_hidden_fraction, m.discriminator_loss_weight)
+
+
 def run_pretraining(cfg: PretrainConfig) -> str:
     """Pretrain per ``cfg`` in this process (one rank of the world). Returns "finished" or "interrupted";
     raises ``NonFiniteError`` (exit 3) when the loss or gradients stay NaN/Inf, ``LockError`` (exit 2) when
@@ -224,17 +255,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
-    step, skipped, origin = 0, 0, {}
-    if resume is not None:
-        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
-        skipped = ckpt_dir.read_metadata(resume).get("skipped_steps", 0)  # the run's count, not this process's
-        origin = ckpt_dir.unverified_origin(resume)
-        log.info("resumed from %s at step %d", resume, step)
-    elif restore is not None:
-        ckpt.load_checkpoint(restore, model, optimizer, model_only=True, compute_dtype=dtype_name(dtype))
-        log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", restore)
-
-    shape = m.shape()
+    step, skipped, origin = _continue(resume, restore, model, optimizer, scheduler, layout, dtype)
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
                        m.global_batch_size * _flops_per_sequence(m, padded),
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
@@ -267,16 +288,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
                "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
                "save": save})
-    log.info("pretraining %s: %d layers, hidden %d, heads %d | TP %d PP %d DP %d | %d micro-batch(es) of %d "
-             "per step | compute dtype %s | from step %d to %d", _shape_name(m), shape.num_layers,
-             shape.hidden_size, shape.num_attention_heads, m.tensor_model_parallel_size,
-             m.pipeline_model_parallel_size, ps.get_data_parallel_world_size(), data.num_microbatches,
-             m.micro_batch_size, describe_precision(dtype), step, t.max_steps)
-    if electra:
-        g = electra_shapes(m)
-        log.info("ELECTRA: generator hidden %d, heads %d, FFN %d (fraction %.4g); loss = generator + %g x "
-                 "discriminator", g.hidden_size, g.num_attention_heads, g.ffn_hidden_size,
-                 m.generator_hidden_fraction, m.discriminator_loss_weight)
+    _announce(cfg, data.num_microbatches, dtype, step)
     if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
         write_hparams(run_dir, to_dict(cfg), {
             "max_steps": t.max_steps, "start_step": step, "world_size": world.world_size,
