@@ -34,10 +34,11 @@ from bio_megatron.training import checkpoint_dir as ckpt_dir
 from bio_megatron.training import distill_loss, memory
 from bio_megatron.training.disk_full import no_space
 from bio_megatron.training.guards import run_dir_lock
-from bio_megatron.training.loop import LoopState, StepResult
+from bio_megatron.training.loop import LoopState
 from bio_megatron.training.metrics import RunLogger, device_peak_tflops, flops_per_sequence
-from bio_megatron.training.optimizer import build_optimizer, build_scheduler, loss_scale
-from bio_megatron.training.pretrain import continued_from, run_steps, to_device, wrap_for_training
+from bio_megatron.training.optimizer import build_optimizer, build_scheduler
+from bio_megatron.training.pretrain import (continued_from, load_continued, loop_hooks, run_steps, step_logger,
+                                           to_device, wrap_for_training)
 from bio_megatron.training.trackers import open_trackers
 from bio_megatron.utils.errors import CheckpointError
 from bio_megatron.utils.log import get_logger
@@ -139,12 +140,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     optimizer = build_optimizer(m.optim, [ddp], dtype, t.gradient_clip_val, m.use_distributed_optimizer, m)
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
-    step, skipped, origin = 0, 0, {}
-    if resume is not None:
-        step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
-        skipped = ckpt_dir.read_metadata(resume).get("skipped_steps", 0)
-        origin = ckpt_dir.unverified_origin(resume)
-        log.info("resumed from %s at step %d", resume, step)
+    step, skipped, origin = load_continued(resume, None, model, optimizer, scheduler, layout, dtype)
 
     # the teacher's forward counts as a third of its training FLOPs (no backward)
     flops = (flops_per_sequence(m.shape(), m.encoder_seq_length, padded)
@@ -153,7 +149,6 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
     runlog = RunLogger(run_dir, world.rank == 0, e.create_tensorboard_logger, tokens, m.global_batch_size * flops,
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
                        trackers=open_trackers(cfg, run_dir, world.rank == 0, to_dict(cfg)))
-    every = e.checkpoint_callback_params.every_n_train_steps
 
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
@@ -162,13 +157,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
                               "skipped_steps": state.skipped_steps,
                               "distilled_from": str(m.teacher.restore_from_path), **origin})
 
-    def on_step(s: int, r: StepResult) -> None:
-        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
-            scale = loss_scale(optimizer)
-            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite,
-                            overflow=r.skipped and not r.nonfinite and scale is not None, loss_scale=scale,
-                            compute_dtype=dtype_name(dtype), **distill_loss.step_metrics(r.extra))
-
+    on_step = step_logger(t, runlog, optimizer, dtype, step, distill_loss.step_metrics, lambda: state.skipped_steps)
     state = LoopState(
         model=ddp, optimizer=optimizer, scheduler=scheduler,
         forward_step=partial(distill_forward_step, student=model, teacher=teacher, student_box=student_box,
@@ -176,10 +165,7 @@ def _distill(cfg: DistillConfig, world, tokenizer, teacher: torch.nn.Module) -> 
         report_keys=distill_loss.REPORT_KEYS, train_batches=data.train_microbatches,
         valid_batches=data.valid_microbatches, seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size,
         max_steps=t.max_steps, step=step, max_nonfinite_steps=t.max_nonfinite_steps, skipped_steps=skipped,
-        hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
-               "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
-               "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
-               "save": save})
+        hooks=loop_hooks(t, e, runlog, on_step, save))
     d = m.distill
     log.info("distilling into %s (%d layers, hidden %d) | TP %d DP %d (teacher: the same layout) | %d micro-batch(es) "
              "of %d per step | student %s | loss = %g x MLM + %g x KL(T=%g%s, %s positions) + %g x cosine%s | from "

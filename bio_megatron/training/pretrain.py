@@ -15,6 +15,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from bio_megatron.config.loader import to_dict
 from bio_megatron.config.family_keys import electra_shapes
 from bio_megatron.config.pretrain import ModelConfig, PretrainConfig, validate
+from bio_megatron.config.run import ExpManagerConfig, TrainerConfig
 from bio_megatron.config.sizes import padded_vocab_size
 from bio_megatron.data.pretrain import PretrainData, load_tokenizer
 from bio_megatron.families import family_of_model
@@ -180,11 +181,11 @@ def _shape_name(m: ModelConfig) -> str:
     return f"{m.size_name()} shape (model.size {m.size} with overrides)"
 
 
-def _continue(resume: Path | None, restore: Path | None, model, optimizer, scheduler, layout: ckpt.Layout,
-              dtype: torch.dtype) -> tuple[int, int, dict]:
+def load_continued(resume: Path | None, restore: Path | None, model, optimizer, scheduler, layout: ckpt.Layout,
+                   dtype: torch.dtype) -> tuple[int, int, dict]:
     """Load what the run continues from, as ``continued_from`` settled it: a resume (everything; the step, the
     run's skipped-step count and the checkpoint's recorded origin are returned) or a restore (model weights only,
-    a fresh optimizer); neither: (0, 0, {})."""
+    a fresh optimizer; distillation passes None: its student is built from the restore); neither: (0, 0, {})."""
     if resume is not None:
         step = ckpt.load_checkpoint(resume, model, optimizer, scheduler, layout, compute_dtype=dtype_name(dtype))
         log.info("resumed from %s at step %d", resume, step)
@@ -194,6 +195,29 @@ def _continue(resume: Path | None, restore: Path | None, model, optimizer, sched
         ckpt.load_checkpoint(restore, model, optimizer, model_only=True, compute_dtype=dtype_name(dtype))
         log.info("initialised model weights from %s (continued pretraining; fresh optimizer)", restore)
     return 0, 0, {}
+
+
+def step_logger(t: TrainerConfig, runlog: RunLogger, optimizer, dtype: torch.dtype, start: int,
+                metrics: Callable[[dict], dict], skipped: Callable[[], int]) -> Callable[[int, StepResult], None]:
+    """The loop's ``on_step`` hook of a pretraining-style run: every ``log_every_n_steps``, the first and last step
+    and every skipped one logged with lr, grad norm, loss scale and the objective's own ``metrics`` of the step."""
+    def on_step(s: int, r: StepResult) -> None:
+        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == start + 1 or r.skipped:
+            scale = loss_scale(optimizer)
+            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=skipped(), nonfinite=r.nonfinite,
+                            overflow=r.skipped and not r.nonfinite and scale is not None, loss_scale=scale,
+                            compute_dtype=dtype_name(dtype), **metrics(r.extra))
+    return on_step
+
+
+def loop_hooks(t: TrainerConfig, e: ExpManagerConfig, runlog: RunLogger, on_step: Callable[[int, StepResult], None],
+               save: Callable[[int], None]) -> dict:
+    """``LoopState.hooks`` of a pretraining-style run: validation every ``val_check_interval`` steps and at the end
+    (``limit_val_batches`` batches), a checkpoint every ``every_n_train_steps`` (0: none but the last)."""
+    every = e.checkpoint_callback_params.every_n_train_steps
+    return {"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
+            "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
+            "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0, "save": save}
 
 
 def _announce(cfg: PretrainConfig, num_microbatches: int, dtype: torch.dtype, step: int) -> None:
@@ -255,12 +279,11 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
     scheduler = build_scheduler(optimizer, m.optim, t.max_steps)
     layout = ckpt.Layout.current(m.use_distributed_optimizer)
 
-    step, skipped, origin = _continue(resume, restore, model, optimizer, scheduler, layout, dtype)
+    step, skipped, origin = load_continued(resume, restore, model, optimizer, scheduler, layout, dtype)
     runlog = RunLogger(run_dir, is_writer, e.create_tensorboard_logger, m.global_batch_size * m.encoder_seq_length,
                        m.global_batch_size * _flops_per_sequence(m, padded),
                        world.world_size, device_peak_tflops(dtype), t.max_steps, samples_per_step=m.global_batch_size,
                        trackers=open_trackers(cfg, run_dir, is_writer, to_dict(cfg)))  # W&B / MLflow, as NeMo's
-    every = e.checkpoint_callback_params.every_n_train_steps
 
     def save(s: int) -> None:
         ckpt.save_checkpoint(ckpt_root, s, model, optimizer, scheduler, cfg, tokenizer.vocab_file, layout,
@@ -268,13 +291,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
                               "padded_vocab_size": padded, "compute_dtype": dtype_name(dtype),
                               "skipped_steps": state.skipped_steps, **origin})
 
-    def on_step(s: int, r: StepResult) -> None:
-        if s % t.log_every_n_steps == 0 or s == t.max_steps or s == step + 1 or r.skipped:
-            scale = loss_scale(optimizer)
-            runlog.log_step(s, r.loss, r.lr, r.grad_norm, skipped_steps=state.skipped_steps, nonfinite=r.nonfinite,
-                            overflow=r.skipped and not r.nonfinite and scale is not None, loss_scale=scale,
-                            compute_dtype=dtype_name(dtype), **electra_loss.step_metrics(r.extra))
-
+    on_step = step_logger(t, runlog, optimizer, dtype, step, electra_loss.step_metrics, lambda: state.skipped_steps)
     electra = m.objective == "electra"
     state = LoopState(
         model=ddp, optimizer=optimizer, scheduler=scheduler,
@@ -284,10 +301,7 @@ def _pretrain(cfg: PretrainConfig, world) -> str:
         train_batches=data.train_microbatches, valid_batches=data.valid_microbatches,
         seq_length=m.encoder_seq_length, micro_batch_size=m.micro_batch_size, max_steps=t.max_steps, step=step,
         max_nonfinite_steps=t.max_nonfinite_steps, skipped_steps=skipped,
-        hooks={"on_step": on_step, "should_validate": lambda s: s % t.val_check_interval == 0 or s == t.max_steps,
-               "on_validate": lambda s, v: v is not None and runlog.log_validation(s, v),
-               "val_batches": t.limit_val_batches, "should_save": lambda s: every > 0 and s % every == 0,
-               "save": save})
+        hooks=loop_hooks(t, e, runlog, on_step, save))
     _announce(cfg, data.num_microbatches, dtype, step)
     if is_writer:  # the resolved config and what the run derived from it, as NeMo's hparams.yaml
         write_hparams(run_dir, to_dict(cfg), {
