@@ -35,11 +35,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bio_megatron.bench.hf_pretrain import hf_step
-from bio_megatron.bench.hf_process import HFProcess
-from bio_megatron.bench.op_profile import profile_steps
 from bio_megatron.bench.pretrain_common import SEED, optimizer_impl, synthetic_batch
-from bio_megatron.bench.timing import Laps, Step, free_memory, peak_memory_gib, throughput, time_steps
+from bio_megatron.bench.pretrain_runs import Measurement, interleaved, sequential
+from bio_megatron.bench.timing import Laps, Step, free_memory
 from bio_megatron.utils.log import get_logger
 
 if TYPE_CHECKING:
@@ -250,89 +248,16 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             log.info("measured matmul peak: %.1f TFLOP/s", res["peak_tflops_measured_matmul"])
         else:
             res["peak_tflops_measured_matmul"] = None
-        peak, measured = res["peak_tflops_datasheet"], res["peak_tflops_measured_matmul"]
         free_memory()
-        flops_ours = flops_per_sequence(shape, args.seq, padded)
-        flops_hf = flops_per_sequence(shape, args.seq, args.vocab_size)
         res["schedule"] = _schedule(args)
         # Both sides start from the same weights (ours, in HF's layout): the same function from the same point,
         # not two different random initialisations.
-        ours, ours_info, weights = ours_step(args, dtype)
-        label_ours, label_hf = f"ours ({ours_info['attention']})", f"hf ({args.hf_attention})"
-        hf_info = {"attention": args.hf_attention}
-        memory: dict[str, float | None] = {}
-        profiles: dict[str, dict] = {}
-
-        def side(info: dict, label: str, flops: float) -> dict:  # one side's figures from its timed steps
-            rates = throughput(times[label], args.micro_batch, args.seq, flops, peak, measured, memory.get(label))
-            prof = profiles.get(label)
-            if prof and "total_ms_per_step" in prof:  # kernel time / timed step: well below 1, launches set the pace
-                prof = {**prof, "share_of_step": prof["total_ms_per_step"] / 1e3 / rates["step_time_s"]}
-            return {**info, **rates, **({"profile": prof} if prof else {})}
-
-        def figures() -> dict[str, Any]:  # everything measured so far
-            out = {**res, "ours": side(ours_info, label_ours, flops_ours)}
-            if label_hf in times:
-                out["hf"] = side(hf_info, label_hf, flops_hf)
-                out["ratio_tokens_per_s"] = out["ours"]["tokens_per_s"] / out["hf"]["tokens_per_s"]
-                # median step times: robust to a few steps slowed by other processes' load
-                out["ratio_median_step"] = out["hf"]["step_time_median_s"] / out["ours"]["step_time_median_s"]
-            return out
-
-        def so_far() -> None:  # a later part that fails, hangs or runs out of time leaves what was measured
-            if args.json and not args.skip_hf:
-                write_json_atomic(args.json, {"hf": "not measured: the run ended before the transformers side did",
-                                              **figures()})
-
-        def profiled(label: str, step: Step) -> None:  # after its timed steps, so peak memory is the steps' own
-            if not args.profile:
-                return
-            try:
-                profiles[label] = profile_steps(step, args.profile)
-            except Exception as e:  # noqa: BLE001  the profiler (CUPTI) may be refused where the timing ran fine
-                log.warning("%s: profiling failed, the timings stand: %s: %s", label, type(e).__name__, e)
-                profiles[label] = {"error": f"{type(e).__name__}: {e}"}
-
-        if res["schedule"] == "interleaved":
-            hf_process = HFProcess(args, dtype, weights) if args.hf_process == "own" else None
-            hf, hf_info["optimizer"] = ((hf_process.step, hf_process.optimizer) if hf_process
-                                        else hf_step(args, dtype, weights))
-            hf_info["process"] = args.hf_process
-            del weights
-            try:
-                times = time_steps({label_ours: ours, label_hf: hf}, args.steps, args.warmup)
-                profiled(label_ours, ours)
-                if not hf_process:  # a side in another process is not this profiler's to see
-                    profiled(label_hf, hf)
-            finally:
-                if hf_process:
-                    hf_process.close()
-            res["peak_memory_gib_both"] = peak_memory_gib()  # both models resident: not separable per side
-        else:  # one side after the other, its memory freed in between: peak GPU memory per side
-            times = time_steps({label_ours: ours}, args.steps, args.warmup)
-            memory[label_ours] = peak_memory_gib()
-            so_far()
-            profiled(label_ours, ours)
-            so_far()
-            del ours
-            free_memory()
-            if args.also_our_adam:  # the same model and batch, only the Adam kernel differs
-                kernel = args.also_our_adam
-                alt, alt_info, _ = ours_step(argparse.Namespace(**{**vars(args), "our_adam": kernel}), dtype)
-                label_alt = f"{label_ours}, Adam {kernel}"
-                times.update(time_steps({label_alt: alt}, args.steps, args.warmup))
-                memory[label_alt] = peak_memory_gib()
-                res[f"ours_adam_{kernel}"] = side(alt_info, label_alt, flops_ours)
-                so_far()
-                del alt
-                free_memory()
-            if not args.skip_hf:
-                hf, hf_info["optimizer"] = hf_step(args, dtype, weights)
-                times.update(time_steps({label_hf: hf}, args.steps, args.warmup))
-                memory[label_hf] = peak_memory_gib()
-                so_far()
-                profiled(label_hf, hf)
-        res.update(figures())
+        m = Measurement(args, res, flops_ours=flops_per_sequence(shape, args.seq, padded),
+                        flops_hf=flops_per_sequence(shape, args.seq, args.vocab_size),
+                        hf_info={"attention": args.hf_attention})
+        schedule = sequential if res["schedule"] == "sequential" else interleaved
+        schedule(m, lambda adam: ours_step(argparse.Namespace(**{**vars(args), "our_adam": adam}), dtype), dtype)
+        res.update(m.figures())
         free_memory()
     finally:
         teardown()

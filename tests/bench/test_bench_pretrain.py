@@ -45,7 +45,7 @@ def test_bench_pretrain_tiny_cpu(tmp_path):
 
 
 def _cli_with_failing_baseline(argv: list[str]) -> str:
-    import bio_megatron.bench.pretrain as bench
+    import bio_megatron.bench.pretrain_runs as bench  # where the schedules look these up
 
     def fail(*args, **kwargs):
         raise RuntimeError("the transformers side broke")
@@ -74,7 +74,7 @@ def test_sequential_schedule_keeps_our_figures_when_the_baseline_fails(tmp_path)
 
 
 def _cli_with_failing_profiler(argv: list[str]) -> int:
-    import bio_megatron.bench.pretrain as bench
+    import bio_megatron.bench.pretrain_runs as bench  # where the schedules look these up
 
     def fail(*args, **kwargs):
         raise RuntimeError("CUPTI_ERROR_NOT_INITIALIZED")  # as a sandboxed GPU's profiler may answer
@@ -114,7 +114,7 @@ def test_also_our_adam_times_our_side_again_with_the_other_kernel(tmp_path):
 
 
 def _cli_stopped_while_profiling_the_baseline(argv: list[str]) -> int:
-    import bio_megatron.bench.pretrain as bench
+    import bio_megatron.bench.pretrain_runs as bench  # where the schedules look these up
 
     real, calls = bench.profile_steps, []
 
