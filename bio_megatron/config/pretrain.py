@@ -60,10 +60,24 @@ class DataConfig:
     vocabulary or casing than model.tokenizer (only when the ids are known to agree)."""
 
     def whole_word(self) -> bool:
-        """The resolved masking unit (``masking`` wins; conflicts are reported by ``encoder_problems``)."""
+        """The resolved masking unit (``masking`` wins; conflicts are reported by ``problems``)."""
         if self.masking is not None:
             return self.masking == "whole_word"
         return self.whole_word_masking is not False
+
+    def problems(self) -> list[str]:
+        """The masking probability and unit, and the data prefix or blend."""
+        problems = [] if 0.0 < self.masked_lm_prob < 1.0 else [
+            f"model.data.masked_lm_prob ({self.masked_lm_prob}) must be in (0, 1)"]
+        if None not in (self.masking, self.whole_word_masking) and self.whole_word_masking != (
+                self.masking == "whole_word"):
+            problems.append(f"model.data.masking ({self.masking}) contradicts model.data.whole_word_masking "
+                            f"({self.whole_word_masking}); set only model.data.masking")
+        dp = [self.data_prefix] if isinstance(self.data_prefix, str) else self.data_prefix
+        if len(dp) > 1 and len(dp) % 2:
+            problems.append(f"model.data.data_prefix ({dp}) must be [weight, path, weight, path, ...] "
+                            "or a single path")
+        return problems + _blend_weight_problems(dp)
 
 
 @dataclass
@@ -83,6 +97,21 @@ class SchedConfig:
     override_opt_param_scheduler: bool = False
     """Megatron-LM's --override-opt_param-scheduler: on resume, take the LR schedule (lr, min_lr, warm-up, decay
     length and style, weight decay) from this config instead of the checkpoint; only the step count is restored."""
+
+    def problems(self) -> list[str]:
+        """Keys that exclude each other, or that the schedule does not have."""
+        problems = []
+        if self.warmup_steps is not None and self.warmup_ratio is not None:
+            problems.append("set only one of model.optim.sched.warmup_steps "
+                            f"({self.warmup_steps}) and warmup_ratio ({self.warmup_ratio})")
+        if self.constant_steps is not None:
+            if self.name not in ("CosineAnnealing", "cosine"):
+                problems.append(f"model.optim.sched.constant_steps ({self.constant_steps}) applies to "
+                                f"CosineAnnealing only, not {self.name}")
+            if self.decay_steps is not None:
+                problems.append(f"set only one of model.optim.sched.constant_steps ({self.constant_steps}) and "
+                                f"decay_steps ({self.decay_steps})")
+        return problems
 
 
 @dataclass
@@ -106,15 +135,18 @@ class OptimConfig:
     sched: SchedConfig = field(default_factory=SchedConfig)
 
     def problems(self) -> list[str]:
-        """Settings the chosen optimizer does not have."""
+        """The schedule's problems, then the betas and the settings the chosen optimizer does not have."""
+        problems = self.sched.problems()
+        if len(self.betas) != 2:
+            problems.append(f"model.optim.betas ({self.betas}) must be two numbers")
         if self.name != "lamb":
-            return [] if self.bias_correction else [
+            return problems + ([] if self.bias_correction else [
                 f"model.optim.bias_correction (false) applies to model.optim.name lamb only (got {self.name}): "
-                "Adam always corrects its moments' bias"]
+                "Adam always corrects its moments' bias"])
         if self.fused is not None:
-            return [f"model.optim.fused ({str(self.fused).lower()}) chooses torch's Adam kernel; "
-                    "model.optim.name lamb has no such option: leave it null"]
-        return []
+            problems.append(f"model.optim.fused ({str(self.fused).lower()}) chooses torch's Adam kernel; "
+                            "model.optim.name lamb has no such option: leave it null")
+        return problems
 
 
 @dataclass
@@ -310,34 +342,18 @@ def encoder_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None = 
     if m.global_batch_size % m.micro_batch_size:
         problems.append(f"global_batch_size ({m.global_batch_size}) must be a multiple of micro_batch_size "
                         f"({m.micro_batch_size})")
-    if not 0.0 < m.data.masked_lm_prob < 1.0:
-        problems.append(f"model.data.masked_lm_prob ({m.data.masked_lm_prob}) must be in (0, 1)")
-    d = m.data
-    if None not in (d.masking, d.whole_word_masking) and d.whole_word_masking != (d.masking == "whole_word"):
-        problems.append(f"model.data.masking ({d.masking}) contradicts model.data.whole_word_masking "
-                        f"({d.whole_word_masking}); set only model.data.masking")
-    if m.optim.sched.warmup_steps is not None and m.optim.sched.warmup_ratio is not None:
-        problems.append("set only one of model.optim.sched.warmup_steps "
-                        f"({m.optim.sched.warmup_steps}) and warmup_ratio ({m.optim.sched.warmup_ratio})")
-    sc = m.optim.sched
-    if sc.constant_steps is not None:
-        if sc.name not in ("CosineAnnealing", "cosine"):
-            problems.append(f"model.optim.sched.constant_steps ({sc.constant_steps}) applies to CosineAnnealing only, "
-                            f"not {sc.name}")
-        if sc.decay_steps is not None:
-            problems.append(f"set only one of model.optim.sched.constant_steps ({sc.constant_steps}) and decay_steps "
-                            f"({sc.decay_steps})")
-    if len(m.optim.betas) != 2:
-        problems.append(f"model.optim.betas ({m.optim.betas}) must be two numbers")
+    problems += m.data.problems()
     problems += m.optim.problems()
     if m.transformer_block_type == "post_ln" and m.transformer_impl == "transformer_engine":
         problems.append("model.transformer_block_type (post_ln) needs model.transformer_impl local or auto, not "
                         "transformer_engine (its BERT spec fuses each LayerNorm into the next linear: pre-LN only)")
-    dp_prefix = [m.data.data_prefix] if isinstance(m.data.data_prefix, str) else m.data.data_prefix
-    if len(dp_prefix) > 1 and len(dp_prefix) % 2:
-        problems.append(f"model.data.data_prefix ({dp_prefix}) must be [weight, path, weight, path, ...] "
-                        "or a single path")
-    problems += _blend_weight_problems(dp_prefix)
+    return problems + _world_problems(m, t, world_size)
+
+
+def _world_problems(m: ModelConfig, t: TrainerConfig, world_size: int | None) -> list[str]:
+    """The layout against the launched world (when known): TP x PP divides it, the global batch divides by the
+    micro-batch times the data-parallel size, and an explicit ``trainer.devices`` x ``num_nodes`` matches it."""
+    tp, pp, problems = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, []
     if world_size is not None:
         if world_size % (tp * pp):
             problems.append(f"tensor_model_parallel_size * pipeline_model_parallel_size ({tp} * {pp} = {tp * pp}) "
