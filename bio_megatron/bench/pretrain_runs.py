@@ -91,7 +91,6 @@ class Measurement:
         """One side's timed steps alone, and its peak memory."""
         self.times.update(time_steps({label: step}, self.args.steps, self.args.warmup))
         self.memory[label] = peak_memory_gib()
-        self.so_far()
 
 
 def sequential(m: Measurement, build_ours: OursBuilder, dtype: "torch.dtype") -> None:
@@ -100,6 +99,7 @@ def sequential(m: Measurement, build_ours: OursBuilder, dtype: "torch.dtype") ->
     args = m.args
     ours, m.ours_info, weights = build_ours(args.our_adam)
     m.timed(m.label_ours, ours)
+    m.so_far()  # after each part: what a later part that fails or hangs would lose
     m.profiled(m.label_ours, ours)
     m.so_far()
     del ours
@@ -116,6 +116,7 @@ def sequential(m: Measurement, build_ours: OursBuilder, dtype: "torch.dtype") ->
     if not args.skip_hf:
         hf, m.hf_info["optimizer"] = hf_step(args, dtype, weights)
         m.timed(m.label_hf, hf)
+        m.so_far()
         m.profiled(m.label_hf, hf)
 
 

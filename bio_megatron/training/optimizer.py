@@ -113,7 +113,7 @@ def choose_adam_kernel(optimizer, fused: bool | None) -> str | None:
     torch's Adam, which it builds without ``fused=`` (single-tensor on CPU, foreach on GPU).
 
     ``fused`` is ``model.optim.fused``: None or True = fused, on CPU and GPU (on an H100 its step took 11-14 ms where
-    foreach took 16-18 ms, 345m, 2026-11-27); False = torch's default (single-tensor on CPU, foreach on GPU: the
+    foreach took 16-21 ms, 345m, 2026-11-27); False = torch's default (single-tensor on CPU, foreach on GPU: the
     kernel of runs before 2026-11-23 on CPU, before 2026-11-27 on GPU). The fused kernel rounds differently in the last
     bits (measured in docs/BENCHMARKS.md), so the choice is re-applied before every step: a checkpoint's
     ``param_groups`` (``load_state_dict`` takes them whole) then never switch a run's kernel behind its back.
